@@ -1,0 +1,155 @@
+//! Write wasmop reconcile plugins in Rust.
+//!
+//! A plugin is a type implementing [`Plugin`]: a [`Manifest`] saying what it reconciles, an
+//! optional [`Plugin::related`] naming the objects it wants to read, and [`Plugin::reconcile`],
+//! a pure function from observed state ([`Request`]) to desired state ([`Response`]).
+//! [`export!`] turns it into the component the host loads; the same code runs natively, so
+//! [`testing`] drives it from plain `cargo test`.
+//!
+//! Build a plugin with `cargo build --release --target wasm32-wasip2` from a `cdylib` crate.
+//! The wire format and the host's rules are in `docs/plugin-contract.md`.
+//!
+//! ```
+//! use k8s_openapi::api::core::v1::ConfigMap;
+//! use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+//! use serde::{Deserialize, Serialize};
+//! use serde_json::json;
+//! use wasmop_guest::{Error, Manifest, Plugin, Request, Response, testing};
+//!
+//! /// The parent: only the fields the plugin reads.
+//! #[derive(Serialize, Deserialize)]
+//! struct Greeting {
+//!     metadata: ObjectMeta,
+//!     spec: GreetingSpec,
+//! }
+//! #[derive(Serialize, Deserialize)]
+//! struct GreetingSpec {
+//!     text: String,
+//! }
+//!
+//! struct Greeter;
+//!
+//! impl Plugin for Greeter {
+//!     type Parent = Greeting;
+//!
+//!     fn manifest() -> Manifest {
+//!         Manifest::new("greeter", "0.1.0")
+//!             .parent_raw("example.com/v1", "Greeting")
+//!             .child::<ConfigMap>()
+//!     }
+//!
+//!     fn reconcile(req: &Request<Greeting>) -> Result<Response, Error> {
+//!         if req.parent().spec.text.is_empty() {
+//!             return Err(Error::msg("spec.text must not be empty"));
+//!         }
+//!         let cm = ConfigMap {
+//!             metadata: ObjectMeta {
+//!                 name: Some(req.name().to_owned()),
+//!                 ..ObjectMeta::default()
+//!             },
+//!             data: Some([("text".to_owned(), req.parent().spec.text.clone())].into()),
+//!             ..ConfigMap::default()
+//!         };
+//!         Ok(Response::new().child(cm).status(json!({"written": true})))
+//!     }
+//! }
+//!
+//! wasmop_guest::export!(Greeter);
+//!
+//! // Natively, the same code runs under test:
+//! let parent = json!({"metadata": {"name": "hi", "namespace": "default"}, "spec": {"text": "hello"}});
+//! let resp = testing::reconcile::<Greeter>(&testing::RequestBuilder::new(&parent).build()).unwrap();
+//! assert_eq!(resp.children[0]["kind"], "ConfigMap");
+//! assert_eq!(resp.children[0]["data"]["text"], "hello");
+//! ```
+
+// Lets the paths baked into the generated bindings (`wasmop_guest::…`) resolve inside this
+// crate as well as in plugin crates.
+extern crate self as wasmop_guest;
+
+pub mod error;
+pub mod log;
+pub mod manifest;
+pub mod request;
+pub mod response;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod testing;
+pub mod wire;
+
+#[cfg(target_arch = "wasm32")]
+mod guest;
+
+pub use error::{Error, Result};
+pub use manifest::{KindRef, Manifest, RelatedKind, RelatedSelector};
+pub use request::Request;
+pub use response::{Condition, Response};
+pub use wire::EventType;
+// Plugins name k8s-openapi types in their signatures; the re-export keeps versions in step.
+pub use k8s_openapi;
+
+use serde::de::DeserializeOwned;
+
+/// A reconcile plugin. Implement it on a unit struct and pass that to [`export!`].
+pub trait Plugin {
+    /// The parent object as the plugin's own type; only the fields it reads need to exist.
+    type Parent: DeserializeOwned;
+
+    /// Who the plugin is and what it works on. Called once when the host loads the plugin.
+    fn manifest() -> Manifest;
+
+    /// For one parent, which related objects to gather before [`Plugin::reconcile`]. Every
+    /// selector's kind must be declared in the manifest. The default gathers nothing.
+    fn related(parent: &Self::Parent) -> Result<Vec<RelatedSelector>> {
+        let _ = parent;
+        Ok(Vec::new())
+    }
+
+    /// One reconcile: observed state in, desired state out. Must be deterministic: the host
+    /// writes only what changed, and an `Err` is retried with backoff.
+    fn reconcile(req: &Request<Self::Parent>) -> Result<Response>;
+}
+
+/// Exports a [`Plugin`] as the component's `wasmop:plugin/reconciler` interface.
+///
+/// Use it once, in the plugin crate's root. It expands to nothing outside wasm, so native
+/// builds and tests of the same crate are unaffected.
+#[macro_export]
+macro_rules! export {
+    ($plugin:ty) => {
+        #[cfg(target_arch = "wasm32")]
+        #[allow(unsafe_code)]
+        const _: () = {
+            // The generated export macro takes a plain type name.
+            type __WasmopExporter = $crate::__private::Exporter<$plugin>;
+            $crate::__private::bindings::__wasmop_export_world!(
+                __WasmopExporter with_types_in $crate::__private::bindings
+            );
+        };
+    };
+}
+
+/// Runs one `reconcile` from request JSON to response JSON: the only path, shared by the wasm
+/// export and [`testing::reconcile`].
+#[doc(hidden)]
+pub fn __reconcile_json<P: Plugin>(request: &str) -> Result<String, String> {
+    let wire: wire::WireRequest =
+        serde_json::from_str(request).map_err(|e| format!("request: {e}"))?;
+    let req = Request::<P::Parent>::from_wire(wire)?;
+    let response = P::reconcile(&req)?.into_wire()?;
+    serde_json::to_string(&response).map_err(|e| format!("response: {e}"))
+}
+
+/// Runs one `related` from parent JSON: shared by the wasm export and [`testing::related`].
+#[doc(hidden)]
+pub fn __related_json<P: Plugin>(parent: &str) -> Result<Vec<RelatedSelector>, String> {
+    let parent: P::Parent = serde_json::from_str(parent).map_err(|e| format!("parent: {e}"))?;
+    Ok(P::related(&parent)?)
+}
+
+#[doc(hidden)]
+pub mod __private {
+    #[cfg(target_arch = "wasm32")]
+    pub use crate::guest::{Exporter, bindings};
+    #[cfg(target_arch = "wasm32")]
+    pub use wit_bindgen;
+}

@@ -1,0 +1,82 @@
+//! The JSON shapes that cross the plugin boundary, shared by the guest SDK and the host.
+//!
+//! Objects stay `serde_json::Value` here: the host never needs to understand a child's schema,
+//! and the SDK offers typed views on top (see [`crate::Request`]).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Objects of one kind, by name (by `namespace/name` when the parent is cluster-scoped).
+pub type ByName = BTreeMap<String, Value>;
+
+/// The key of a kind in [`WireRequest::children`] and [`WireRequest::related`]:
+/// `Kind.apiVersion`, e.g. `Deployment.apps/v1` or `Pod.v1` (Metacontroller's convention).
+pub fn kind_key(api_version: &str, kind: &str) -> String {
+    format!("{kind}.{api_version}")
+}
+
+/// What the host sends to `reconcile`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WireRequest {
+    /// The parent object, as the API server returned it (without `managedFields`).
+    pub parent: Value,
+    /// The children the parent controls, per declared child kind. Every declared kind is
+    /// present, empty when nothing exists yet.
+    #[serde(default)]
+    pub children: BTreeMap<String, ByName>,
+    /// The related objects the plugin's selectors matched, per declared related kind.
+    #[serde(default)]
+    pub related: BTreeMap<String, ByName>,
+    /// True while the parent is being deleted and the plugin's finalizer is still on it.
+    #[serde(default)]
+    pub finalizing: bool,
+    /// The plugin's settings (the `settings.yaml` beside its module), `null` when absent.
+    #[serde(default)]
+    pub settings: Value,
+}
+
+/// What `reconcile` returns.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WireResponse {
+    /// Every child the parent should have. Controlled children missing here are deleted.
+    #[serde(default)]
+    pub children: Vec<Value>,
+    /// The parent's new `.status`; `None` leaves it untouched. The host adds
+    /// `observedGeneration`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<Value>,
+    /// Reconcile again after this many seconds even if nothing changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requeue_after_seconds: Option<u64>,
+    /// Kubernetes Events to record on the parent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<WireEvent>,
+    /// While finalizing: true once cleanup is complete and the finalizer may be removed.
+    #[serde(default)]
+    pub finalized: bool,
+}
+
+/// A Kubernetes Event to record on the parent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WireEvent {
+    /// `Normal` or `Warning`.
+    #[serde(rename = "type")]
+    pub type_: EventType,
+    /// A short UpperCamelCase reason, e.g. `Scaled`.
+    pub reason: String,
+    /// A human-readable message.
+    pub message: String,
+}
+
+/// The type of a Kubernetes Event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EventType {
+    /// Something expected happened.
+    Normal,
+    /// Something needs attention.
+    Warning,
+}

@@ -1,0 +1,47 @@
+//! Server-side apply of one child, owned by its parent.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::Client;
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use serde_json::Value;
+
+use crate::controller::kinds::ResolvedKind;
+
+/// The controller owner reference the host puts on every child: garbage collection removes
+/// children with their parent, and `blockOwnerDeletion` keeps a foreground delete of the parent
+/// waiting for them.
+pub fn owner_reference(parent: &DynamicObject, api_version: &str, kind: &str) -> OwnerReference {
+    OwnerReference {
+        api_version: api_version.to_string(),
+        kind: kind.to_string(),
+        name: parent.metadata.name.clone().unwrap_or_default(),
+        uid: parent.metadata.uid.clone().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }
+}
+
+/// Sets `owner` as the child's only owner reference (validation refused any from the plugin).
+pub fn set_owner(child: &mut Value, owner: &OwnerReference) {
+    child["metadata"]["ownerReferences"] =
+        serde_json::json!([serde_json::to_value(owner).expect("owner reference serialises")]);
+}
+
+/// Applies `child` with `field_manager`, taking over fields other managers hold.
+pub async fn apply(
+    client: &Client,
+    kind: &ResolvedKind,
+    namespace: Option<&str>,
+    name: &str,
+    child: &Value,
+    field_manager: &str,
+) -> Result<(), kube::Error> {
+    let api: Api<DynamicObject> = kind.api(client, namespace);
+    api.patch(
+        name,
+        &PatchParams::apply(field_manager).force(),
+        &Patch::Apply(child),
+    )
+    .await
+    .map(|_| ())
+}

@@ -1,0 +1,113 @@
+//! The command line of the `wasmop` binary.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+/// A Kubernetes operator host whose reconcile logic runs in WebAssembly plugins.
+#[derive(Debug, Parser)]
+#[command(name = "wasmop", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands of `wasmop`.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the host: load plugins from ConfigMaps and reconcile their parents.
+    Run(RunArgs),
+    /// Call a plugin offline on a parent and observed objects, and print what the host would
+    /// apply.
+    Render(RenderArgs),
+    /// Print a plugin's manifest, digest and size.
+    Inspect(InspectArgs),
+}
+
+/// Sandbox limits for one plugin. Defaults are the host's defaults.
+#[derive(Debug, Clone, Args)]
+pub struct LimitArgs {
+    /// CPU deadline of one plugin call, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    pub deadline_ms: u64,
+    /// Linear-memory cap of one plugin instance, in MiB.
+    #[arg(long, default_value_t = 64)]
+    pub memory_mib: u64,
+    /// Largest response a plugin may return, in KiB.
+    #[arg(long, default_value_t = 4096)]
+    pub max_response_kib: u64,
+}
+
+impl LimitArgs {
+    /// The deadline as a [`Duration`].
+    pub fn deadline(&self) -> Duration {
+        Duration::from_millis(self.deadline_ms)
+    }
+}
+
+/// `wasmop run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Namespace whose ConfigMaps labelled `wasmop.io/plugin` hold the plugins. Defaults to the
+    /// pod's namespace in a cluster, `wasmop-system` outside one.
+    #[arg(long, env = "WASMOP_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Reconcile parents in this namespace only (children and related objects are watched
+    /// there too). By default the host watches every namespace.
+    #[arg(long, env = "WASMOP_WATCH_NAMESPACE")]
+    pub watch_namespace: Option<String>,
+    /// Default sandbox limits, for plugins whose ConfigMap sets none.
+    #[command(flatten)]
+    pub limits: LimitArgs,
+    /// Parents reconciled at the same time, per plugin.
+    #[arg(long, default_value_t = 4)]
+    pub concurrency: usize,
+    /// Reconcile every parent this often even when nothing changed, in seconds (a plugin's
+    /// ConfigMap can override it with the annotation `wasmop.io/resync-seconds`).
+    #[arg(long, default_value_t = 600)]
+    pub resync_seconds: u64,
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "WASMOP_LOG_FORMAT")]
+    pub log_format: LogFormat,
+}
+
+/// How `wasmop run` writes its logs. `RUST_LOG` sets the level (default `info`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line, with the fields of every enclosing span.
+    Json,
+}
+
+/// `wasmop render`.
+#[derive(Debug, Args)]
+pub struct RenderArgs {
+    /// The plugin module (`.wasm`).
+    #[arg(long)]
+    pub plugin: PathBuf,
+    /// The parent object (YAML or JSON).
+    #[arg(long)]
+    pub parent: PathBuf,
+    /// Observed objects: multi-document YAML files, or directories of them. Repeatable.
+    #[arg(long)]
+    pub observed: Vec<PathBuf>,
+    /// The plugin's settings (YAML).
+    #[arg(long)]
+    pub settings: Option<PathBuf>,
+    /// Call the plugin as if the parent were being deleted.
+    #[arg(long)]
+    pub finalizing: bool,
+    /// Sandbox limits.
+    #[command(flatten)]
+    pub limits: LimitArgs,
+}
+
+/// `wasmop inspect`.
+#[derive(Debug, Args)]
+pub struct InspectArgs {
+    /// The plugin module (`.wasm`).
+    pub plugin: PathBuf,
+}

@@ -1,0 +1,410 @@
+//! `wasmop render`: runs a plugin offline, through the same sandbox, request assembly
+//! ([`crate::gather`]) and output validation ([`crate::validate`]) as the controller, and prints
+//! what the host would do.
+//!
+//! Inputs: the plugin module, the parent (one YAML or JSON document), observed objects
+//! (multi-document YAML or JSON files, `kind: List` documents expanded; a directory means every
+//! `.yaml`, `.yml` and `.json` file in it, sorted by name), optional settings (YAML) and
+//! `--finalizing`.
+//!
+//! Output, a YAML stream on stdout:
+//! 1. every desired child after validation, as the host would apply it, except that the
+//!    controller ownerReference the host adds is not shown;
+//! 2. one `kind: Result` document (`apiVersion: render.wasmop.io/v1`) with the parent's
+//!    `status` (`null` when the plugin leaves it untouched), `requeueAfterSeconds` when set and,
+//!    with `--finalizing`, `finalized`;
+//! 3. one `kind: Event` document (`apiVersion: render.wasmop.io/v1`) per event, with `type`,
+//!    `reason` and `message`.
+//!
+//! Select the children with `yq 'select(.apiVersion != "render.wasmop.io/v1")'`. Validation
+//! warnings go to stderr as `warning: …`; so do the plugin's log lines (filter with `RUST_LOG`,
+//! default `wasmop::plugin=info`).
+//!
+//! Without a cluster render can't ask for scopes: the parent is namespaced (in `default` when
+//! its file names no namespace) unless its kind is a well-known cluster-scoped one, and so are
+//! children. A parent without `metadata.uid` gets a made-up one derived from its kind and name,
+//! and observed children count as controlled when a controller ownerReference names the parent
+//! by UID or by kind and name.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use serde::Deserialize as _;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use crate::cli::RenderArgs;
+use crate::gather::{self, ObjectList};
+use crate::sandbox::{KindRef, Limits, Plugin, Sandbox, SandboxConfig};
+use crate::validate::{self, Scope, Target, Validated};
+
+/// The output format, for `wasmop render --help` (`#[command(after_help = …)]`).
+pub const AFTER_HELP: &str = "\
+Output: a YAML stream on stdout.
+  1. Each desired child after host validation, as the host would apply it (without the
+     controller ownerReference the host adds).
+  2. One `apiVersion: render.wasmop.io/v1, kind: Result` document: the parent's `status`
+     (null when the plugin leaves it untouched), `requeueAfterSeconds` when set and, with
+     --finalizing, `finalized`.
+  3. One `apiVersion: render.wasmop.io/v1, kind: Event` document per event (type, reason,
+     message).
+Validation warnings and plugin logs (RUST_LOG, default wasmop::plugin=info) go to stderr.
+Without a cluster, the parent is namespaced (namespace `default` if its file has none) unless its
+kind is a built-in cluster-scoped one; a parent without a uid gets a stable made-up one, and
+observed children count as controlled when a controller ownerReference names the parent by uid
+or by kind and name.";
+
+/// The API group of render's own output documents.
+pub const RENDER_API_VERSION: &str = "render.wasmop.io/v1";
+
+/// Runs `wasmop render`.
+pub fn run(args: RenderArgs) -> anyhow::Result<()> {
+    init_logging();
+    let wasm = std::fs::read(&args.plugin)
+        .with_context(|| format!("reading plugin {}", args.plugin.display()))?;
+    let mut parent = read_one(&args.parent)?;
+    let observed = read_observed(&args.observed)?;
+    let settings = match &args.settings {
+        Some(path) => read_one(path)?,
+        None => Value::Null,
+    };
+
+    let sandbox = Sandbox::new(SandboxConfig {
+        max_instances: 2,
+        ..SandboxConfig::default()
+    })?;
+    let plugin = sandbox
+        .load_blocking(&wasm, Limits::from(&args.limits))
+        .with_context(|| format!("loading plugin {}", args.plugin.display()))?;
+
+    let parent_kind = KindRef::of(&parent).with_context(|| {
+        format!(
+            "parent {}: apiVersion and kind are required",
+            args.parent.display()
+        )
+    })?;
+    let manifest = plugin.manifest();
+    if !parent_kind.same_resource(&manifest.parent) {
+        bail!(
+            "parent {} is a {parent_kind}, but plugin {} reconciles {}",
+            args.parent.display(),
+            manifest.name,
+            manifest.parent
+        );
+    }
+    let parent_scope = known_scope(&parent_kind).unwrap_or(Scope::Namespaced);
+    let parent_name = prepare_parent(&mut parent, parent_scope)
+        .with_context(|| format!("parent {}", args.parent.display()))?;
+
+    let validated = render(
+        &plugin,
+        &parent,
+        parent_scope,
+        ObjectList::new(observed).with_owner_fallback(parent_kind, &parent_name),
+        &settings,
+        args.finalizing,
+    )?;
+    for warning in &validated.warnings {
+        eprintln!("warning: {warning}");
+    }
+    print!("{}", to_yaml_stream(&plugin, &validated, args.finalizing)?);
+    Ok(())
+}
+
+/// The part of render shared with tests: related → gather → reconcile → validate.
+fn render(
+    plugin: &Plugin,
+    parent: &Value,
+    parent_scope: Scope,
+    observed: ObjectList,
+    settings: &Value,
+    finalizing: bool,
+) -> anyhow::Result<Validated> {
+    let manifest = plugin.manifest();
+    let selectors = plugin.related_blocking(parent)?;
+    let request = gather::request(
+        manifest,
+        parent,
+        parent_scope,
+        &selectors,
+        &observed,
+        settings,
+        finalizing,
+    );
+    let response = plugin.reconcile_blocking(&request)?;
+    let target = Target {
+        manifest,
+        parent,
+        scope_of: &known_scope,
+        parent_scope,
+    };
+    Ok(validate::validate(&target, response)?)
+}
+
+/// Gives the parent what the API server would: a namespace and a UID. Returns its name.
+fn prepare_parent(parent: &mut Value, scope: Scope) -> anyhow::Result<String> {
+    let Some(meta) = parent.get_mut("metadata").and_then(Value::as_object_mut) else {
+        bail!("metadata.name is required");
+    };
+    let name = match meta.get("name").and_then(Value::as_str) {
+        Some(name) if !name.is_empty() => name.to_owned(),
+        _ => bail!("metadata.name is required"),
+    };
+    if scope == Scope::Namespaced
+        && meta
+            .get("namespace")
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+    {
+        meta.insert("namespace".into(), json!("default"));
+    }
+    if meta
+        .get("uid")
+        .and_then(Value::as_str)
+        .is_none_or(str::is_empty)
+    {
+        let namespace = meta.get("namespace").and_then(Value::as_str).unwrap_or("");
+        meta.insert("uid".into(), json!(made_up_uid(namespace, &name)));
+    }
+    Ok(name)
+}
+
+/// A UUID-shaped, deterministic UID, so render's output is stable from run to run.
+fn made_up_uid(namespace: &str, name: &str) -> String {
+    let h = Sha256::digest(format!("wasmop-render/{namespace}/{name}"));
+    let hex: String = h[..16].iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
+/// Scopes render knows without a cluster: built-in cluster-scoped kinds. Everything else is
+/// unknown, which validation treats as namespaced.
+fn known_scope(kind: &KindRef) -> Option<Scope> {
+    const CLUSTER: &[(&str, &str)] = &[
+        ("", "Namespace"),
+        ("", "Node"),
+        ("", "PersistentVolume"),
+        ("rbac.authorization.k8s.io", "ClusterRole"),
+        ("rbac.authorization.k8s.io", "ClusterRoleBinding"),
+        ("storage.k8s.io", "StorageClass"),
+        ("storage.k8s.io", "CSIDriver"),
+        ("storage.k8s.io", "VolumeAttachment"),
+        ("apiextensions.k8s.io", "CustomResourceDefinition"),
+        (
+            "admissionregistration.k8s.io",
+            "ValidatingWebhookConfiguration",
+        ),
+        (
+            "admissionregistration.k8s.io",
+            "MutatingWebhookConfiguration",
+        ),
+        ("admissionregistration.k8s.io", "ValidatingAdmissionPolicy"),
+        (
+            "admissionregistration.k8s.io",
+            "ValidatingAdmissionPolicyBinding",
+        ),
+        ("apiregistration.k8s.io", "APIService"),
+        ("scheduling.k8s.io", "PriorityClass"),
+        ("networking.k8s.io", "IngressClass"),
+        ("node.k8s.io", "RuntimeClass"),
+        ("certificates.k8s.io", "CertificateSigningRequest"),
+    ];
+    CLUSTER
+        .iter()
+        .any(|(group, k)| kind.group() == *group && kind.kind == *k)
+        .then_some(Scope::Cluster)
+}
+
+/// Reads a file holding exactly one YAML or JSON document.
+fn read_one(path: &Path) -> anyhow::Result<Value> {
+    let mut docs = read_documents(path)?;
+    match docs.len() {
+        1 => Ok(docs.remove(0)),
+        0 => bail!("{}: no YAML document", path.display()),
+        n => bail!("{}: {n} YAML documents, expected one", path.display()),
+    }
+}
+
+/// Reads every object from files and directories (see the module docs).
+fn read_observed(paths: &[PathBuf]) -> anyhow::Result<Vec<Value>> {
+    let mut objects = Vec::new();
+    for path in paths {
+        let meta =
+            std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
+        let files = if meta.is_dir() {
+            let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+                .with_context(|| format!("reading directory {}", path.display()))?
+                .map(|entry| entry.map(|e| e.path()))
+                .collect::<Result<_, _>>()
+                .with_context(|| format!("reading directory {}", path.display()))?;
+            files.retain(|f| {
+                f.is_file()
+                    && matches!(
+                        f.extension().and_then(|e| e.to_str()),
+                        Some("yaml" | "yml" | "json")
+                    )
+            });
+            files.sort();
+            files
+        } else {
+            vec![path.clone()]
+        };
+        for file in files {
+            for doc in read_documents(&file)? {
+                expand_list(doc, &mut objects);
+            }
+        }
+    }
+    Ok(objects)
+}
+
+/// `kind: List` (and `…List` with `items`, as `kubectl get -o yaml` prints) becomes its items.
+fn expand_list(doc: Value, out: &mut Vec<Value>) {
+    let is_list = doc
+        .get("kind")
+        .and_then(Value::as_str)
+        .is_some_and(|k| k.ends_with("List"));
+    match doc {
+        Value::Object(mut map) if is_list && map.get("items").is_some_and(Value::is_array) => {
+            if let Some(Value::Array(items)) = map.remove("items") {
+                out.extend(items);
+            }
+        }
+        doc => out.push(doc),
+    }
+}
+
+/// The non-empty YAML documents of a file, as JSON values.
+fn read_documents(path: &Path) -> anyhow::Result<Vec<Value>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut docs = Vec::new();
+    for (i, doc) in serde_yaml::Deserializer::from_str(&text).enumerate() {
+        let value = Value::deserialize(doc)
+            .with_context(|| format!("{}: YAML document {}", path.display(), i + 1))?;
+        if !value.is_null() {
+            docs.push(value);
+        }
+    }
+    Ok(docs)
+}
+
+/// The YAML stream described in the module docs.
+fn to_yaml_stream(
+    plugin: &Plugin,
+    validated: &Validated,
+    finalizing: bool,
+) -> anyhow::Result<String> {
+    let manifest = plugin.manifest();
+    let mut out = format!(
+        "# wasmop render: plugin {} {} ({})\n\
+         # {} child(ren) as the host would apply them, without the controller ownerReference it adds\n",
+        manifest.name,
+        manifest.version,
+        plugin.digest(),
+        validated.children.len()
+    );
+    let mut push = |doc: &Value| -> anyhow::Result<()> {
+        out.push_str("---\n");
+        out.push_str(&serde_yaml::to_string(doc)?);
+        Ok(())
+    };
+    for child in &validated.children {
+        push(child)?;
+    }
+    let mut result = json!({
+        "apiVersion": RENDER_API_VERSION,
+        "kind": "Result",
+        "status": validated.status,
+    });
+    if let Some(after) = validated.requeue_after {
+        result["requeueAfterSeconds"] = json!(after.as_secs());
+    }
+    if finalizing {
+        result["finalized"] = json!(validated.finalized);
+    }
+    push(&result)?;
+    for event in &validated.events {
+        push(&json!({
+            "apiVersion": RENDER_API_VERSION,
+            "kind": "Event",
+            "type": event.type_,
+            "reason": event.reason,
+            "message": event.message,
+        }))?;
+    }
+    Ok(out)
+}
+
+/// Plugin log lines to stderr; a no-op if a subscriber is already installed.
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("wasmop::plugin=info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn made_up_uids_are_stable_and_uuid_shaped() {
+        let uid = made_up_uid("default", "mc");
+        assert_eq!(uid, made_up_uid("default", "mc"));
+        assert_ne!(uid, made_up_uid("other", "mc"));
+        assert_eq!(uid.len(), 36);
+        assert_eq!(uid.matches('-').count(), 4);
+    }
+
+    #[test]
+    fn parent_gets_namespace_and_uid() {
+        let mut parent = json!({"metadata": {"name": "mc"}});
+        assert_eq!(
+            prepare_parent(&mut parent, Scope::Namespaced).unwrap(),
+            "mc"
+        );
+        assert_eq!(parent["metadata"]["namespace"], "default");
+        assert!(parent["metadata"]["uid"].is_string());
+        let mut keep = json!({"metadata": {"name": "mc", "namespace": "x", "uid": "u"}});
+        prepare_parent(&mut keep, Scope::Namespaced).unwrap();
+        assert_eq!(
+            keep["metadata"],
+            json!({"name": "mc", "namespace": "x", "uid": "u"})
+        );
+        assert!(prepare_parent(&mut json!({"metadata": {}}), Scope::Namespaced).is_err());
+    }
+
+    #[test]
+    fn lists_are_expanded() {
+        let mut out = Vec::new();
+        expand_list(
+            json!({"apiVersion": "v1", "kind": "List", "items": [{"kind": "Pod"}, {"kind": "Pod"}]}),
+            &mut out,
+        );
+        expand_list(json!({"kind": "Pod"}), &mut out);
+        assert_eq!(out.len(), 3);
+    }
+
+    #[test]
+    fn scopes() {
+        assert_eq!(
+            known_scope(&KindRef::new("v1", "Namespace")),
+            Some(Scope::Cluster)
+        );
+        assert_eq!(
+            known_scope(&KindRef::new("rbac.authorization.k8s.io/v1", "ClusterRole")),
+            Some(Scope::Cluster)
+        );
+        assert_eq!(known_scope(&KindRef::new("v1", "Pod")), None);
+    }
+}

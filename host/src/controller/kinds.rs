@@ -1,0 +1,143 @@
+//! Resolves the kinds a plugin's manifest names into API resources, through discovery.
+
+use kube::Client;
+use kube::api::{Api, ApiResource, DynamicObject};
+use kube::core::GroupVersionKind;
+use kube::discovery::{self, Scope};
+
+use crate::sandbox::{KindRef, Manifest};
+
+/// A kind with what the API server told us about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedKind {
+    /// As the manifest names it.
+    pub kind: KindRef,
+    /// Group, version, plural.
+    pub resource: ApiResource,
+    /// Namespaced or cluster-scoped.
+    pub namespaced: bool,
+}
+
+impl ResolvedKind {
+    /// An `Api` in `namespace`, or cluster-wide for cluster-scoped kinds.
+    pub fn api(&self, client: &Client, namespace: Option<&str>) -> Api<DynamicObject> {
+        match (self.namespaced, namespace) {
+            (true, Some(ns)) => Api::namespaced_with(client.clone(), ns, &self.resource),
+            _ => Api::all_with(client.clone(), &self.resource),
+        }
+    }
+
+    /// The validation scope of this kind.
+    pub fn scope(&self) -> crate::validate::Scope {
+        if self.namespaced {
+            crate::validate::Scope::Namespaced
+        } else {
+            crate::validate::Scope::Cluster
+        }
+    }
+}
+
+/// Every kind of one manifest, resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Kinds {
+    /// The parent kind.
+    pub parent: ResolvedKind,
+    /// The child kinds, in manifest order.
+    pub children: Vec<ResolvedKind>,
+    /// The related kinds and whether each is metadata-only, in manifest order.
+    pub related: Vec<(ResolvedKind, bool)>,
+}
+
+impl Kinds {
+    /// The scope of a declared child or related kind, for validation.
+    pub fn scope_of(&self, kind: &KindRef) -> Option<crate::validate::Scope> {
+        self.children
+            .iter()
+            .chain(self.related.iter().map(|(k, _)| k))
+            .chain(std::iter::once(&self.parent))
+            .find(|k| &k.kind == kind)
+            .map(ResolvedKind::scope)
+    }
+}
+
+/// Why a manifest's kinds could not be resolved.
+#[derive(Debug, thiserror::Error)]
+pub enum ResolveError {
+    /// The API server does not serve these kinds (yet): a CRD is missing.
+    #[error("not served by the API server: {}", .0.join(", "))]
+    Missing(Vec<String>),
+    /// Discovery itself failed.
+    #[error("discovery of {kind}: {source}")]
+    Discovery {
+        /// The kind being resolved.
+        kind: String,
+        /// The failure.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// Splits `apps/v1` into (`apps`, `v1`) and `v1` into (``, `v1`).
+pub fn split_api_version(api_version: &str) -> (&str, &str) {
+    api_version.split_once('/').unwrap_or(("", api_version))
+}
+
+async fn resolve_one(
+    client: &Client,
+    kind: &KindRef,
+) -> Result<Option<ResolvedKind>, ResolveError> {
+    let (group, version) = split_api_version(&kind.api_version);
+    let gvk = GroupVersionKind::gvk(group, version, &kind.kind);
+    match discovery::pinned_kind(client, &gvk).await {
+        Ok((resource, caps)) => Ok(Some(ResolvedKind {
+            kind: kind.clone(),
+            resource,
+            namespaced: caps.scope == Scope::Namespaced,
+        })),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(None),
+        Err(kube::Error::Discovery(_)) => Ok(None),
+        Err(source) => Err(ResolveError::Discovery {
+            kind: format!("{}/{}", kind.api_version, kind.kind),
+            source,
+        }),
+    }
+}
+
+/// Resolves every kind of `manifest`; lists all the missing ones at once.
+pub async fn resolve(client: &Client, manifest: &Manifest) -> Result<Kinds, ResolveError> {
+    let mut missing = Vec::new();
+    let mut one = async |kind: &KindRef| -> Result<Option<ResolvedKind>, ResolveError> {
+        let r = resolve_one(client, kind).await?;
+        if r.is_none() {
+            missing.push(format!("{}/{}", kind.api_version, kind.kind));
+        }
+        Ok(r)
+    };
+    let parent = one(&manifest.parent).await?;
+    let mut children = Vec::new();
+    for k in &manifest.children {
+        children.push(one(k).await?);
+    }
+    let mut related = Vec::new();
+    for r in &manifest.related {
+        let k = KindRef {
+            api_version: r.api_version.clone(),
+            kind: r.kind.clone(),
+        };
+        related.push(one(&k).await?.map(|k| (k, r.metadata_only)));
+    }
+    if !missing.is_empty() {
+        return Err(ResolveError::Missing(missing));
+    }
+    Ok(Kinds {
+        parent: parent.expect("no kind missing"),
+        children: children
+            .into_iter()
+            .map(|k| k.expect("no kind missing"))
+            .collect(),
+        related: related
+            .into_iter()
+            .map(|k| k.expect("no kind missing"))
+            .collect(),
+    })
+}

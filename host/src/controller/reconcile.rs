@@ -1,0 +1,436 @@
+//! One reconcile of one parent, as a list of steps:
+//! finalizer → related selectors → gather → call the plugin → validate → apply and prune
+//! children → status → Events → finalizer removal.
+//!
+//! A failure anywhere puts `Ready=False` with a reason on the parent and a Warning Event naming
+//! the plugin version, and the controller retries with backoff. Children already applied stay
+//! as they are.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::core::Selector;
+use kube::runtime::events::{Event, EventType};
+use serde_json::{Value, json};
+use tracing::Instrument;
+
+use super::queue::Reason;
+use super::{Loaded, Shared};
+use crate::apply::{self, Children};
+use crate::gather::{self, Observed};
+use crate::sandbox::KindRef;
+use crate::status::{self, Ready};
+use crate::validate::{self, Target};
+use crate::watch::ObjKey;
+
+/// What a successful reconcile asks of the queue.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// The parent no longer exists (or is gone from our concern): forget it.
+    pub gone: bool,
+    /// The plugin asked to be called again after this long.
+    pub requeue_after: Option<Duration>,
+}
+
+/// A failed step, with the reason that goes into the `Ready` condition.
+#[derive(Debug)]
+struct Failure {
+    reason: &'static str,
+    message: String,
+    // The plugin's status, when the failure came after the plugin answered.
+    status: Option<Value>,
+}
+
+impl Failure {
+    fn new(reason: &'static str, message: impl Into<String>) -> Self {
+        Failure {
+            reason,
+            message: message.into(),
+            status: None,
+        }
+    }
+}
+
+/// Reconciles the parent at `key` with `loaded`. Errors are logged, recorded on the parent and
+/// reported as `Err(())` so the caller backs off.
+pub async fn run(
+    shared: &Shared,
+    loaded: &Loaded,
+    key: &ObjKey,
+    reason: &Reason,
+) -> Result<Outcome, ()> {
+    let manifest = loaded.plugin.manifest();
+    let span = tracing::info_span!(
+        "reconcile",
+        plugin = %manifest.name,
+        version = %manifest.version,
+        digest = %loaded.plugin.digest(),
+        namespace = key.0.as_deref().unwrap_or(""),
+        name = %key.1,
+        reason = %reason,
+    );
+    async {
+        let Some(parent) = shared.parents.get(key.0.as_deref(), &key.1) else {
+            return Ok(Outcome { gone: true, ..Default::default() });
+        };
+        let started = std::time::Instant::now();
+        match steps(shared, loaded, &parent).await {
+            Ok(outcome) => {
+                tracing::debug!(elapsed_ms = started.elapsed().as_millis() as u64, "reconciled");
+                Ok(outcome)
+            }
+            Err(failure) => {
+                tracing::warn!(reason = failure.reason, error = %failure.message, "reconcile failed");
+                record_failure(shared, loaded, &parent, failure).await;
+                Err(())
+            }
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+async fn steps(
+    shared: &Shared,
+    loaded: &Loaded,
+    parent: &Arc<DynamicObject>,
+) -> Result<Outcome, Failure> {
+    let plugin = &loaded.plugin;
+    let manifest = plugin.manifest();
+    let kinds = &shared.kinds;
+    let api = kinds
+        .parent
+        .api(&shared.client, parent.metadata.namespace.as_deref());
+    let field_manager = format!("wasmop/{}", manifest.name);
+    let finalizer = format!("wasmop.io/{}", manifest.name);
+    let finalizers = parent.metadata.finalizers.clone().unwrap_or_default();
+    let has_finalizer = finalizers.contains(&finalizer);
+    let deleting = parent.metadata.deletion_timestamp.is_some();
+
+    // 1. Finalizer: deletion is the garbage collector's job unless the plugin asked to run.
+    if deleting && !has_finalizer {
+        return Ok(Outcome {
+            gone: true,
+            ..Default::default()
+        });
+    }
+    if manifest.finalizer && !deleting && !has_finalizer {
+        add_finalizer(&api, parent, &finalizer).await?;
+    }
+
+    // 2. Related selectors, kept for mapping related changes back to this parent.
+    let parent_json = serde_json::to_value(parent.as_ref()).expect("object serialises");
+    let selectors = plugin
+        .related(&parent_json)
+        .await
+        .map_err(|e| Failure::new(e.kind.reason(), e.to_string()))?;
+    let mut compiled = Vec::new();
+    for sel in &selectors {
+        let idx = kinds.related.iter().position(|(k, _)| k.kind == sel.kind);
+        let parsed = Selector::try_from(sel.selector.clone());
+        match (idx, parsed) {
+            (Some(i), Ok(s)) => compiled.push((i, s)),
+            (None, _) => {
+                return Err(Failure::new(
+                    "InvalidRelatedSelector",
+                    format!(
+                        "related() returned a selector for undeclared kind {}/{}",
+                        sel.kind.api_version, sel.kind.kind
+                    ),
+                ));
+            }
+            (_, Err(e)) => {
+                return Err(Failure::new(
+                    "InvalidRelatedSelector",
+                    format!("related(): {e}"),
+                ));
+            }
+        }
+    }
+    shared
+        .selectors
+        .lock()
+        .expect("selectors lock")
+        .insert(crate::watch::key_of(parent), compiled);
+
+    // 3. Gather and call.
+    let parent_scope = kinds.parent.scope();
+    let observed = CacheObserved(shared);
+    let request = gather::request(
+        manifest,
+        &parent_json,
+        parent_scope,
+        &selectors,
+        &observed,
+        &loaded.settings,
+        deleting,
+    );
+    let response = plugin
+        .reconcile(&request)
+        .await
+        .map_err(|e| Failure::new(e.kind.reason(), e.to_string()))?;
+
+    // 4. Validate: the same code `wasmop render` runs.
+    let valid = {
+        let scope_of = |k: &KindRef| kinds.scope_of(k);
+        let target = Target {
+            manifest,
+            parent: &parent_json,
+            scope_of: &scope_of,
+            parent_scope,
+        };
+        validate::validate(&target, response)
+            .map_err(|e| Failure::new("InvalidOutput", e.to_string()))?
+    };
+    for w in &valid.warnings {
+        tracing::warn!(warning = %w, "plugin output adjusted");
+    }
+
+    // 5. Children.
+    let uid = parent.metadata.uid.clone().unwrap_or_default();
+    let children = Children {
+        kinds: &kinds.children,
+        desired: valid.children,
+        observed: shared
+            .children
+            .iter()
+            .map(|c| c.controlled_by(&uid))
+            .collect(),
+        owner: apply::ssa::owner_reference(
+            parent,
+            &kinds.parent.kind.api_version,
+            &kinds.parent.kind.kind,
+        ),
+        field_manager: &field_manager,
+    };
+    let applied = apply::reconcile_children(&shared.client, children).await;
+    let applied = match applied {
+        Ok(report) => report,
+        Err(errors) => {
+            let message = errors
+                .iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("; ");
+            return Err(Failure {
+                reason: "ApplyFailed",
+                message,
+                status: valid.status,
+            });
+        }
+    };
+    if applied != apply::Report::default() {
+        tracing::info!(
+            applied = applied.applied,
+            pruned = applied.pruned,
+            unchanged = applied.unchanged,
+            "children updated"
+        );
+    }
+
+    // 6. Status, only when it changed.
+    let ready = Ready {
+        ok: true,
+        reason: "Reconciled".into(),
+        message: format!("reconciled by {}", loaded.describe()),
+    };
+    let desired = status::desired(
+        parent.data.get("status"),
+        valid.status.as_ref(),
+        parent.metadata.generation,
+        &ready,
+        &status::now(),
+    );
+    if !deleting {
+        status::write(&api, parent, desired, &field_manager)
+            .await
+            .map_err(|e| Failure::new("StatusWriteFailed", e.to_string()))?;
+    }
+
+    // 7. Events the plugin asked for.
+    for ev in &valid.events {
+        let type_ = match ev.type_ {
+            wasmop_guest::wire::EventType::Normal => EventType::Normal,
+            wasmop_guest::wire::EventType::Warning => EventType::Warning,
+        };
+        publish(shared, parent, type_, &ev.reason, &ev.message).await;
+    }
+
+    // 8. Finalizer removal once the plugin is done.
+    if deleting && valid.finalized {
+        remove_finalizer(&api, parent, &finalizer).await?;
+        return Ok(Outcome {
+            gone: true,
+            ..Default::default()
+        });
+    }
+    Ok(Outcome {
+        gone: false,
+        requeue_after: valid.requeue_after,
+    })
+}
+
+async fn record_failure(
+    shared: &Shared,
+    loaded: &Loaded,
+    parent: &DynamicObject,
+    failure: Failure,
+) {
+    let message = format!("plugin {} failed: {}", loaded.describe(), failure.message);
+    publish(shared, parent, EventType::Warning, failure.reason, &message).await;
+    if parent.metadata.deletion_timestamp.is_some() {
+        return;
+    }
+    let ready = Ready {
+        ok: false,
+        reason: failure.reason.to_string(),
+        message: truncate(&message, 1024),
+    };
+    let desired = status::desired(
+        parent.data.get("status"),
+        failure.status.as_ref(),
+        parent.metadata.generation,
+        &ready,
+        &status::now(),
+    );
+    let api = shared
+        .kinds
+        .parent
+        .api(&shared.client, parent.metadata.namespace.as_deref());
+    let field_manager = format!("wasmop/{}", loaded.plugin.manifest().name);
+    if let Err(e) = status::write(&api, parent, desired, &field_manager).await {
+        tracing::warn!(error = %e, "could not record the failure in the parent's status");
+    }
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
+async fn publish(
+    shared: &Shared,
+    parent: &DynamicObject,
+    type_: EventType,
+    reason: &str,
+    message: &str,
+) {
+    let types = parent.types.clone().unwrap_or_default();
+    let reference = ObjectReference {
+        api_version: Some(types.api_version),
+        kind: Some(types.kind),
+        name: parent.metadata.name.clone(),
+        namespace: parent.metadata.namespace.clone(),
+        uid: parent.metadata.uid.clone(),
+        resource_version: parent.metadata.resource_version.clone(),
+        ..Default::default()
+    };
+    let event = Event {
+        type_,
+        reason: reason.to_string(),
+        note: Some(truncate(message, 1000)),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    if let Err(e) = shared.recorder.publish(&event, &reference).await {
+        tracing::warn!(error = %e, reason, "could not record an Event");
+    }
+}
+
+async fn add_finalizer(
+    api: &Api<DynamicObject>,
+    parent: &DynamicObject,
+    finalizer: &str,
+) -> Result<(), Failure> {
+    let mut list = parent.metadata.finalizers.clone().unwrap_or_default();
+    list.push(finalizer.to_string());
+    set_finalizers(api, parent, list).await
+}
+
+async fn remove_finalizer(
+    api: &Api<DynamicObject>,
+    parent: &DynamicObject,
+    finalizer: &str,
+) -> Result<(), Failure> {
+    let mut list = parent.metadata.finalizers.clone().unwrap_or_default();
+    list.retain(|f| f != finalizer);
+    set_finalizers(api, parent, list).await
+}
+
+// A merge patch carrying the resourceVersion we read is a compare-and-swap: other
+// controllers' finalizers added meanwhile make it fail with a conflict, not vanish.
+async fn set_finalizers(
+    api: &Api<DynamicObject>,
+    parent: &DynamicObject,
+    list: Vec<String>,
+) -> Result<(), Failure> {
+    let patch = json!({"metadata": {
+        "resourceVersion": parent.metadata.resource_version,
+        "finalizers": list,
+    }});
+    let name = parent.metadata.name.as_deref().unwrap_or_default();
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map(|_| ())
+        .map_err(|e| Failure::new("FinalizerUpdateFailed", e.to_string()))
+}
+
+/// Gathers from the shared caches: children through the owner-UID index, related objects by
+/// namespace and label selector.
+struct CacheObserved<'a>(&'a Shared);
+
+impl Observed for CacheObserved<'_> {
+    fn controlled(&self, kind: &KindRef, parent_uid: &str) -> Vec<Value> {
+        let kinds = &self.0.kinds;
+        kinds
+            .children
+            .iter()
+            .position(|k| &k.kind == kind)
+            .map(|i| {
+                self.0.children[i]
+                    .controlled_by(parent_uid)
+                    .iter()
+                    .map(|o| serde_json::to_value(o.as_ref()).expect("object serialises"))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn selected(
+        &self,
+        kind: &KindRef,
+        namespace: Option<&str>,
+        selector: &LabelSelector,
+    ) -> Vec<Value> {
+        let kinds = &self.0.kinds;
+        let Some(i) = kinds.related.iter().position(|(k, _)| &k.kind == kind) else {
+            return Vec::new();
+        };
+        let Ok(selector) = Selector::try_from(selector.clone()) else {
+            return Vec::new();
+        };
+        use kube::core::SelectorExt;
+        let ns = if kinds.parent.namespaced {
+            namespace
+        } else {
+            None
+        };
+        self.0.related[i]
+            .list(ns, |o| {
+                let empty = Default::default();
+                selector.matches(o.metadata.labels.as_ref().unwrap_or(&empty))
+            })
+            .iter()
+            .map(|o| serde_json::to_value(o.as_ref()).expect("object serialises"))
+            .collect()
+    }
+}

@@ -1,0 +1,388 @@
+//! Sorts observed objects into a plugin's request: the children the parent controls and the
+//! related objects its selectors match, per declared kind. The controller (over its watch
+//! caches) and `wasmop render` (over files, with [`ObjectList`]) build requests with the same
+//! [`request`].
+//!
+//! Shape of the maps: every declared child and related kind is present, keyed by
+//! [`kind_key`] (`Deployment.apps/v1`), empty when nothing matched. Objects are keyed by name;
+//! for a cluster-scoped parent by `namespace/name` (just `name` for cluster-scoped objects).
+//! Related kinds declared metadata-only are cut to `apiVersion`, `kind` and `metadata`, and
+//! `metadata.managedFields` is dropped from every object, the parent included.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::core::{Selector, SelectorExt};
+use serde_json::{Map, Value};
+use wasmop_guest::wire::{ByName, WireRequest, kind_key};
+
+use crate::sandbox::{KindRef, Manifest, RelatedSelector};
+use crate::validate::Scope;
+
+/// Where a request's objects come from.
+pub trait Observed {
+    /// Objects of `kind` whose *controller* ownerReference points at the parent UID.
+    fn controlled(&self, kind: &KindRef, parent_uid: &str) -> Vec<Value>;
+    /// Objects of `kind` in `namespace` (None = all namespaces) whose labels match `selector`.
+    fn selected(
+        &self,
+        kind: &KindRef,
+        namespace: Option<&str>,
+        selector: &LabelSelector,
+    ) -> Vec<Value>;
+}
+
+/// Builds the request for one reconcile of `parent`.
+///
+/// `selectors` are what the plugin's `related` returned for this parent; several selectors for
+/// one kind are combined (union). Related objects are looked up in the parent's namespace, or
+/// in all namespaces for a cluster-scoped parent.
+pub fn request(
+    manifest: &Manifest,
+    parent: &Value,
+    parent_scope: Scope,
+    selectors: &[RelatedSelector],
+    observed: &dyn Observed,
+    settings: &Value,
+    finalizing: bool,
+) -> WireRequest {
+    let uid = str_at(parent, "/metadata/uid").unwrap_or_default();
+    let namespace = match parent_scope {
+        Scope::Namespaced => str_at(parent, "/metadata/namespace"),
+        Scope::Cluster => None,
+    };
+    let key = |obj: &Value| object_key(obj, parent_scope);
+
+    let mut children = BTreeMap::new();
+    for kind in &manifest.children {
+        let objects: ByName = observed
+            .controlled(kind, uid)
+            .into_iter()
+            // Owner references cannot cross namespaces, but a cache could still hold strays.
+            .filter(|obj| namespace.is_none() || str_at(obj, "/metadata/namespace") == namespace)
+            .map(|obj| (key(&obj), clean(obj, false)))
+            .collect();
+        children.insert(kind.key(), objects);
+    }
+
+    let mut related: BTreeMap<String, ByName> = manifest
+        .related
+        .iter()
+        .map(|r| (kind_key(&r.api_version, &r.kind), ByName::new()))
+        .collect();
+    for selector in selectors {
+        let Some(declared) = manifest.related_kind(&selector.kind) else {
+            continue;
+        };
+        let objects = observed.selected(&selector.kind, namespace, &selector.selector);
+        let entry = related.entry(selector.kind.key()).or_default();
+        for obj in objects {
+            entry.insert(key(&obj), clean(obj, declared.metadata_only));
+        }
+    }
+
+    WireRequest {
+        parent: clean(parent.clone(), false),
+        children,
+        related,
+        finalizing,
+        settings: settings.clone(),
+    }
+}
+
+/// Whether `selector` matches `labels`. An invalid selector (an unknown operator, `In`
+/// without values) matches nothing.
+pub fn selector_matches(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+    Selector::try_from(selector.clone()).is_ok_and(|s| s.matches(labels))
+}
+
+/// The labels of a JSON object (string values only).
+pub fn labels_of(obj: &Value) -> BTreeMap<String, String> {
+    obj.pointer("/metadata/labels")
+        .and_then(Value::as_object)
+        .map(|labels| {
+            labels
+                .iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn object_key(obj: &Value, parent_scope: Scope) -> String {
+    let name = str_at(obj, "/metadata/name").unwrap_or_default();
+    match (parent_scope, str_at(obj, "/metadata/namespace")) {
+        (Scope::Cluster, Some(ns)) if !ns.is_empty() => format!("{ns}/{name}"),
+        _ => name.to_owned(),
+    }
+}
+
+/// Drops `managedFields`; with `metadata_only`, everything but apiVersion, kind and metadata.
+fn clean(mut obj: Value, metadata_only: bool) -> Value {
+    if metadata_only && let Value::Object(map) = &mut obj {
+        let kept: Map<String, Value> = ["apiVersion", "kind", "metadata"]
+            .into_iter()
+            .filter_map(|k| Some((k.to_owned(), map.remove(k)?)))
+            .collect();
+        *map = kept;
+    }
+    if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.remove("managedFields");
+    }
+    obj
+}
+
+fn str_at<'a>(obj: &'a Value, pointer: &str) -> Option<&'a str> {
+    obj.pointer(pointer).and_then(Value::as_str)
+}
+
+/// Observed objects held in a list: what `wasmop render` reads from files.
+///
+/// Objects are matched by group and kind (any version, so hand-written files need not use
+/// the served version). A child is controlled when one of its ownerReferences has
+/// `controller: true` and the parent's UID. Files written by hand rarely carry UIDs, so
+/// [`ObjectList::with_owner_fallback`] also accepts a controller reference naming the parent's
+/// kind and name (render gives a parent without a UID a deterministic made-up one).
+#[derive(Debug, Clone, Default)]
+pub struct ObjectList {
+    objects: Vec<Value>,
+    fallback: Option<(KindRef, String)>,
+}
+
+impl ObjectList {
+    /// A list of observed objects.
+    pub fn new(objects: Vec<Value>) -> Self {
+        Self {
+            objects,
+            fallback: None,
+        }
+    }
+
+    /// Also treat controller references to this kind and name as pointing at the parent.
+    #[must_use]
+    pub fn with_owner_fallback(mut self, parent_kind: KindRef, parent_name: &str) -> Self {
+        self.fallback = Some((parent_kind, parent_name.to_owned()));
+        self
+    }
+
+    /// The objects.
+    pub fn objects(&self) -> &[Value] {
+        &self.objects
+    }
+
+    fn of_kind<'a>(&'a self, kind: &'a KindRef) -> impl Iterator<Item = &'a Value> + 'a {
+        self.objects
+            .iter()
+            .filter(move |obj| KindRef::of(obj).is_some_and(|k| k.same_resource(kind)))
+    }
+
+    fn is_controller_ref(&self, owner: &Value, parent_uid: &str) -> bool {
+        if owner.get("controller").and_then(Value::as_bool) != Some(true) {
+            return false;
+        }
+        if !parent_uid.is_empty() && str_at(owner, "/uid") == Some(parent_uid) {
+            return true;
+        }
+        self.fallback.as_ref().is_some_and(|(kind, name)| {
+            KindRef::of(owner).is_some_and(|k| k.same_resource(kind))
+                && str_at(owner, "/name") == Some(name.as_str())
+        })
+    }
+}
+
+impl Observed for ObjectList {
+    fn controlled(&self, kind: &KindRef, parent_uid: &str) -> Vec<Value> {
+        self.of_kind(kind)
+            .filter(|obj| {
+                obj.pointer("/metadata/ownerReferences")
+                    .and_then(Value::as_array)
+                    .is_some_and(|refs| refs.iter().any(|r| self.is_controller_ref(r, parent_uid)))
+            })
+            .cloned()
+            .collect()
+    }
+
+    fn selected(
+        &self,
+        kind: &KindRef,
+        namespace: Option<&str>,
+        selector: &LabelSelector,
+    ) -> Vec<Value> {
+        let Ok(selector) = Selector::try_from(selector.clone()) else {
+            return Vec::new();
+        };
+        self.of_kind(kind)
+            .filter(|obj| namespace.is_none() || str_at(obj, "/metadata/namespace") == namespace)
+            .filter(|obj| selector.matches(&labels_of(obj)))
+            .cloned()
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::sandbox::RelatedKind;
+
+    fn manifest() -> Manifest {
+        Manifest {
+            name: "memcached".into(),
+            version: "1".into(),
+            parent: KindRef::new("cache.example.com/v1alpha1", "Memcached"),
+            children: vec![
+                KindRef::new("apps/v1", "Deployment"),
+                KindRef::new("v1", "Service"),
+            ],
+            related: vec![
+                RelatedKind {
+                    api_version: "v1".into(),
+                    kind: "Pod".into(),
+                    metadata_only: true,
+                },
+                RelatedKind {
+                    api_version: "v1".into(),
+                    kind: "ConfigMap".into(),
+                    metadata_only: false,
+                },
+            ],
+            finalizer: false,
+        }
+    }
+
+    fn parent() -> Value {
+        json!({
+            "apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
+            "metadata": {"name": "mc", "namespace": "ns", "uid": "u-1", "managedFields": [{}]},
+            "spec": {"size": 3}
+        })
+    }
+
+    fn owned(name: &str, uid: &str, controller: bool) -> Value {
+        json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": "ns", "managedFields": [{}],
+                "ownerReferences": [{"apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
+                    "name": "mc", "uid": uid, "controller": controller}]},
+            "spec": {"replicas": 3}
+        })
+    }
+
+    fn pod(name: &str, ns: &str, app: &str) -> Value {
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns, "labels": {"app": app}},
+            "spec": {"containers": []}, "status": {"phase": "Running"}
+        })
+    }
+
+    fn app_selector(app: &str) -> RelatedSelector {
+        RelatedSelector {
+            kind: KindRef::new("v1", "Pod"),
+            selector: LabelSelector {
+                match_labels: Some([("app".to_owned(), app.to_owned())].into()),
+                ..LabelSelector::default()
+            },
+        }
+    }
+
+    #[test]
+    fn children_related_and_empty_kinds() {
+        let observed = ObjectList::new(vec![
+            owned("mc", "u-1", true),
+            owned("not-controller", "u-1", false),
+            owned("other-parent", "u-2", true),
+            pod("p1", "ns", "mc"),
+            pod("p2", "ns", "other"),
+            pod("p3", "elsewhere", "mc"),
+        ]);
+        let req = request(
+            &manifest(),
+            &parent(),
+            Scope::Namespaced,
+            &[app_selector("mc")],
+            &observed,
+            &json!({"x": 1}),
+            true,
+        );
+        assert!(req.parent["metadata"].get("managedFields").is_none());
+        let deployments = &req.children["Deployment.apps/v1"];
+        assert_eq!(deployments.keys().collect::<Vec<_>>(), ["mc"]);
+        assert!(deployments["mc"]["metadata"].get("managedFields").is_none());
+        assert!(req.children["Service.v1"].is_empty());
+        let pods = &req.related["Pod.v1"];
+        assert_eq!(pods.keys().collect::<Vec<_>>(), ["p1"]);
+        assert!(
+            pods["p1"].get("spec").is_none(),
+            "metadata-only kinds are trimmed"
+        );
+        assert_eq!(pods["p1"]["kind"], "Pod");
+        assert!(req.related["ConfigMap.v1"].is_empty());
+        assert!(req.finalizing);
+        assert_eq!(req.settings, json!({"x": 1}));
+    }
+
+    #[test]
+    fn cluster_scoped_parent_keys_by_namespace() {
+        let observed = ObjectList::new(vec![pod("p1", "a", "mc"), pod("p1", "b", "mc")]);
+        let mut parent = parent();
+        parent["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove("namespace");
+        let req = request(
+            &manifest(),
+            &parent,
+            Scope::Cluster,
+            &[app_selector("mc")],
+            &observed,
+            &Value::Null,
+            false,
+        );
+        assert_eq!(
+            req.related["Pod.v1"].keys().collect::<Vec<_>>(),
+            ["a/p1", "b/p1"]
+        );
+    }
+
+    #[test]
+    fn owner_fallback_by_kind_and_name() {
+        let list = ObjectList::new(vec![owned("mc", "", true)]);
+        let kind = KindRef::new("apps/v1", "Deployment");
+        assert!(list.controlled(&kind, "fake-uid").is_empty());
+        let list = list.with_owner_fallback(
+            KindRef::new("cache.example.com/v1alpha1", "Memcached"),
+            "mc",
+        );
+        assert_eq!(list.controlled(&kind, "fake-uid").len(), 1);
+    }
+
+    #[test]
+    fn selectors() {
+        let labels: BTreeMap<String, String> = [
+            ("app".to_owned(), "mc".to_owned()),
+            ("tier".to_owned(), "cache".to_owned()),
+        ]
+        .into();
+        let sel: LabelSelector = serde_json::from_value(json!({
+            "matchLabels": {"app": "mc"},
+            "matchExpressions": [{"key": "tier", "operator": "In", "values": ["cache", "db"]},
+                                 {"key": "legacy", "operator": "DoesNotExist"}]
+        }))
+        .unwrap();
+        assert!(selector_matches(&sel, &labels));
+        assert!(
+            selector_matches(&LabelSelector::default(), &labels),
+            "empty selects all"
+        );
+        let bad: LabelSelector = serde_json::from_value(json!({
+            "matchExpressions": [{"key": "tier", "operator": "Near"}]
+        }))
+        .unwrap();
+        assert!(!selector_matches(&bad, &labels));
+        let other: LabelSelector =
+            serde_json::from_value(json!({"matchLabels": {"app": "db"}})).unwrap();
+        assert!(!selector_matches(&other, &labels));
+    }
+}

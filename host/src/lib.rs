@@ -1,0 +1,20 @@
+//! wasmop: a Kubernetes operator host whose reconcile logic runs in sandboxed WebAssembly
+//! plugins.
+//!
+//! Data flows one way through the modules:
+//! ConfigMap → [`plugin`] (bytes → compiled component → registry) → [`watch`] and
+//! [`controller`] (shared watches → queue → gather inputs) → [`sandbox`] (call) →
+//! [`validate`] → [`apply`] (server-side apply → prune) → [`status`].
+//!
+//! The binary `wasmop` is a thin shell over this library; see [`cli`] for its commands.
+
+pub mod apply;
+pub mod cli;
+pub mod cmd;
+pub mod controller;
+pub mod gather;
+pub mod plugin;
+pub mod sandbox;
+pub mod status;
+pub mod validate;
+pub mod watch;

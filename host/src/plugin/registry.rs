@@ -1,0 +1,408 @@
+//! The registry of loaded plugins: it follows the plugin ConfigMaps and keeps one controller
+//! per good plugin.
+//!
+//! Every ConfigMap change is loaded in the background: read, compile (cached by digest), probe
+//! the manifest, resolve its kinds. Only a plugin that passes all of it replaces the running
+//! version, atomically; a bad one leaves the last good version running and says why in a
+//! Warning Event on its ConfigMap and in the log. Plugin states are visible with
+//! `kubectl describe configmap <plugin>` (Events `Loaded`, `Swapped`, `LoadFailed`,
+//! `WaitingForKinds`, `Unloaded`).
+//!
+//! Deleting a ConfigMap stops its controller and leaves the children in place: they belong to
+//! their parents, not to the plugin.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference};
+use kube::api::Api;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource};
+use tokio::sync::mpsc;
+
+use super::source::{self, PLUGIN_LABEL, PluginSource};
+use crate::controller::kinds::{self, ResolveError};
+use crate::controller::{self, ControllerHandle, Loaded};
+use crate::sandbox::{Limits, Sandbox};
+use crate::watch::Hub;
+
+/// How often a plugin whose kinds are not served yet checks again.
+const KIND_RETRY: Duration = Duration::from_secs(5);
+
+/// What the registry knows about one plugin ConfigMap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum State {
+    /// Being read or compiled.
+    Loading,
+    /// Loaded, but some of its kinds are not served yet (a CRD is missing).
+    WaitingForKinds(String),
+    /// Reconciling.
+    Running,
+    /// The last version failed to load; if an older version was good, it still runs.
+    Failed(String),
+}
+
+/// One plugin as the registry sees it, for logs and probes.
+#[derive(Debug, Clone)]
+pub struct Status {
+    /// The ConfigMap's name.
+    pub configmap: String,
+    /// The manifest name and version, and the digest of the version that runs, if any.
+    pub running: Option<String>,
+    /// State of the newest version.
+    pub state: State,
+}
+
+/// Shared by the registry's tasks.
+struct Env {
+    client: Client,
+    namespace: String,
+    hub: Hub,
+    sandbox: Sandbox,
+    defaults: Limits,
+    config: controller::Config,
+    recorder: Recorder,
+}
+
+struct Slot {
+    // The newest source seen; load results for older ones are dropped.
+    latest: Option<PluginSource>,
+    running: Option<(Loaded, PluginSource, ControllerHandle)>,
+    state: State,
+    configmap: ConfigMap,
+}
+
+enum Msg {
+    Loaded {
+        configmap: String,
+        digest: String,
+        result: Box<Result<(Loaded, kinds::Kinds), LoadError>>,
+    },
+    Retry(String),
+}
+
+#[derive(Debug)]
+enum LoadError {
+    Bad(String),
+    Waiting(String),
+}
+
+/// Follows the plugin ConfigMaps of one namespace.
+pub struct Registry {
+    env: Arc<Env>,
+    slots: HashMap<String, Slot>,
+    tx: mpsc::UnboundedSender<Msg>,
+    rx: mpsc::UnboundedReceiver<Msg>,
+    status: tokio::sync::watch::Sender<Vec<Status>>,
+}
+
+impl Registry {
+    /// A registry for the plugin ConfigMaps in `namespace`.
+    pub fn new(
+        client: Client,
+        namespace: String,
+        watch_namespace: Option<String>,
+        sandbox: Sandbox,
+        defaults: Limits,
+        config: controller::Config,
+        recorder: Recorder,
+    ) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        Registry {
+            env: Arc::new(Env {
+                hub: Hub::new(client.clone(), watch_namespace),
+                client,
+                namespace,
+                sandbox,
+                defaults,
+                config,
+                recorder,
+            }),
+            slots: HashMap::new(),
+            tx,
+            rx,
+            status: tokio::sync::watch::channel(Vec::new()).0,
+        }
+    }
+
+    /// The state of every plugin, updated as it changes.
+    pub fn status(&self) -> tokio::sync::watch::Receiver<Vec<Status>> {
+        self.status.subscribe()
+    }
+
+    /// Runs until `shutdown` resolves, then stops every controller gracefully.
+    pub async fn run(mut self, shutdown: impl std::future::Future<Output = ()>) {
+        let api: Api<ConfigMap> = Api::namespaced(self.env.client.clone(), &self.env.namespace);
+        let config = watcher::Config::default().labels(PLUGIN_LABEL);
+        let mut events = std::pin::pin!(watcher(api, config).default_backoff());
+        let mut shutdown = std::pin::pin!(shutdown);
+        let mut relisted: Option<Vec<String>> = None;
+        tracing::info!(namespace = %self.env.namespace, "watching plugin ConfigMaps labelled {PLUGIN_LABEL}");
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => break,
+                Some(msg) = self.rx.recv() => self.on_msg(msg).await,
+                ev = events.next() => match ev {
+                    Some(Ok(watcher::Event::Init)) => relisted = Some(Vec::new()),
+                    Some(Ok(watcher::Event::InitApply(cm))) => {
+                        if let Some(seen) = relisted.as_mut() {
+                            seen.push(cm.metadata.name.clone().unwrap_or_default());
+                        }
+                        self.on_apply(cm).await;
+                    }
+                    Some(Ok(watcher::Event::InitDone)) => {
+                        let seen = relisted.take().unwrap_or_default();
+                        let gone: Vec<String> = self.slots.keys().filter(|k| !seen.contains(k)).cloned().collect();
+                        for name in gone {
+                            self.on_delete(&name).await;
+                        }
+                    }
+                    Some(Ok(watcher::Event::Apply(cm))) => self.on_apply(cm).await,
+                    Some(Ok(watcher::Event::Delete(cm))) => {
+                        self.on_delete(cm.metadata.name.as_deref().unwrap_or_default()).await
+                    }
+                    Some(Err(e)) => tracing::warn!(error = %e, "plugin ConfigMap watch failed; retrying"),
+                    None => break,
+                },
+            }
+            self.publish_status();
+        }
+        tracing::info!("stopping plugin controllers");
+        for (_, slot) in self.slots.drain() {
+            if let Some((_, _, handle)) = slot.running {
+                handle.stop().await;
+            }
+        }
+    }
+
+    async fn on_apply(&mut self, cm: ConfigMap) {
+        let name = cm.metadata.name.clone().unwrap_or_default();
+        let source = source::read(&cm, &self.env.defaults);
+        let slot = self.slots.entry(name.clone()).or_insert_with(|| Slot {
+            latest: None,
+            running: None,
+            state: State::Loading,
+            configmap: cm.clone(),
+        });
+        slot.configmap = cm;
+        let source = match source {
+            Ok(s) => s,
+            Err(e) => {
+                let msg = format!("ConfigMap {}/{name}: {e}", self.env.namespace);
+                tracing::warn!(configmap = %name, error = %e, "invalid plugin ConfigMap; the running version, if any, stays");
+                slot.state = State::Failed(msg.clone());
+                let cm = slot.configmap.clone();
+                self.event(&cm, EventType::Warning, "LoadFailed", &msg)
+                    .await;
+                return;
+            }
+        };
+        let unchanged = |s: &Option<PluginSource>| s.as_ref().is_some_and(|l| l.same_as(&source));
+        if unchanged(&slot.latest) {
+            return;
+        }
+        tracing::info!(configmap = %name, digest = %source.digest, bytes = source.wasm.len(), "loading plugin");
+        slot.state = State::Loading;
+        slot.latest = Some(source.clone());
+        self.start_load(name, source);
+    }
+
+    fn start_load(&self, configmap: String, source: PluginSource) {
+        let env = self.env.clone();
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let digest = source.digest.clone();
+            let result = load(&env, source).await;
+            let _ = tx.send(Msg::Loaded {
+                configmap,
+                digest,
+                result: Box::new(result),
+            });
+        });
+    }
+
+    async fn on_msg(&mut self, msg: Msg) {
+        match msg {
+            Msg::Retry(name) => {
+                if let Some(source) = self.slots.get(&name).and_then(|s| s.latest.clone()) {
+                    self.start_load(name, source);
+                }
+            }
+            Msg::Loaded {
+                configmap,
+                digest,
+                result,
+            } => {
+                let Some(slot) = self.slots.get(&configmap) else {
+                    return;
+                };
+                if slot.latest.as_ref().map(|s| &s.digest) != Some(&digest) {
+                    return; // superseded by a newer version
+                }
+                match *result {
+                    Ok((loaded, kinds)) => self.activate(&configmap, loaded, kinds).await,
+                    Err(LoadError::Waiting(why)) => {
+                        let cm = slot.configmap.clone();
+                        let first = !matches!(slot.state, State::WaitingForKinds(_));
+                        if let Some(slot) = self.slots.get_mut(&configmap) {
+                            slot.state = State::WaitingForKinds(why.clone());
+                        }
+                        if first {
+                            let msg = format!(
+                                "waiting for kinds to be served: {why}; checking every {}s",
+                                KIND_RETRY.as_secs()
+                            );
+                            tracing::warn!(configmap = %configmap, "{msg}");
+                            self.event(&cm, EventType::Warning, "WaitingForKinds", &msg)
+                                .await;
+                        }
+                        let tx = self.tx.clone();
+                        tokio::spawn(async move {
+                            tokio::time::sleep(KIND_RETRY).await;
+                            let _ = tx.send(Msg::Retry(configmap));
+                        });
+                    }
+                    Err(LoadError::Bad(why)) => {
+                        let cm = slot.configmap.clone();
+                        let keeps = slot.running.as_ref().map(|(l, _, _)| l.describe());
+                        let msg = match &keeps {
+                            Some(old) => format!("{why}; still running {old}"),
+                            None => why.clone(),
+                        };
+                        tracing::error!(configmap = %configmap, error = %msg, "plugin failed to load");
+                        if let Some(slot) = self.slots.get_mut(&configmap) {
+                            slot.state = State::Failed(msg.clone());
+                        }
+                        self.event(&cm, EventType::Warning, "LoadFailed", &msg)
+                            .await;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn activate(&mut self, configmap: &str, loaded: Loaded, kinds: kinds::Kinds) {
+        let name = loaded.plugin.manifest().name.clone();
+        let clash = self.slots.iter().find(|(cm, s)| {
+            cm.as_str() != configmap
+                && s.running
+                    .as_ref()
+                    .is_some_and(|(l, _, _)| l.plugin.manifest().name == name)
+        });
+        if let Some((other, _)) = clash {
+            let msg = format!(
+                "plugin name {name:?} is already served by ConfigMap {other}; names must be unique"
+            );
+            let slot = self.slots.get_mut(configmap).expect("slot exists");
+            slot.state = State::Failed(msg.clone());
+            let cm = slot.configmap.clone();
+            tracing::error!(configmap, "{msg}");
+            self.event(&cm, EventType::Warning, "LoadFailed", &msg)
+                .await;
+            return;
+        }
+
+        let slot = self.slots.get_mut(configmap).expect("slot exists");
+        let source = slot.latest.clone().expect("a loaded plugin has a source");
+        let cm = slot.configmap.clone();
+        let (reason, msg) = match slot.running.take() {
+            Some((old, _, handle)) if handle.kinds() == &kinds => {
+                let msg = format!("swapped {} for {}", old.describe(), loaded.describe());
+                handle.swap(loaded.clone());
+                slot.running = Some((loaded, source, handle));
+                ("Swapped", msg)
+            }
+            previous => {
+                let mut msg = format!("loaded {}", loaded.describe());
+                if let Some((old, _, handle)) = previous {
+                    // Different kinds: a clean restart of the controller.
+                    handle.stop().await;
+                    msg = format!("{msg}, replacing {} (its kinds changed)", old.describe());
+                }
+                let handle = controller::spawn(
+                    self.env.client.clone(),
+                    &self.env.hub,
+                    self.env.recorder.clone(),
+                    kinds,
+                    loaded.clone(),
+                    self.env.config.clone(),
+                );
+                slot.running = Some((loaded, source, handle));
+                ("Loaded", msg)
+            }
+        };
+        slot.state = State::Running;
+        tracing::info!(configmap, "{msg}");
+        self.event(&cm, EventType::Normal, reason, &msg).await;
+    }
+
+    async fn on_delete(&mut self, configmap: &str) {
+        let Some(slot) = self.slots.remove(configmap) else {
+            return;
+        };
+        if let Some((loaded, _, handle)) = slot.running {
+            handle.stop().await;
+            tracing::info!(configmap, plugin = %loaded.describe(), "plugin ConfigMap deleted; controller stopped, children left in place");
+        }
+    }
+
+    fn publish_status(&self) {
+        let mut all: Vec<Status> = self
+            .slots
+            .iter()
+            .map(|(cm, s)| Status {
+                configmap: cm.clone(),
+                running: s.running.as_ref().map(|(l, _, _)| l.describe()),
+                state: s.state.clone(),
+            })
+            .collect();
+        all.sort_by(|a, b| a.configmap.cmp(&b.configmap));
+        self.status.send_if_modified(|old| {
+            let changed = old.len() != all.len()
+                || old
+                    .iter()
+                    .zip(&all)
+                    .any(|(a, b)| a.state != b.state || a.running != b.running);
+            if changed {
+                *old = all;
+            }
+            changed
+        });
+    }
+
+    async fn event(&self, cm: &ConfigMap, type_: EventType, reason: &str, message: &str) {
+        let reference: ObjectReference = cm.object_ref(&());
+        let ev = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(message.chars().take(1000).collect()),
+            action: "LoadPlugin".into(),
+            secondary: None,
+        };
+        if let Err(e) = self.env.recorder.publish(&ev, &reference).await {
+            tracing::warn!(error = %e, reason, "could not record an Event on the plugin ConfigMap");
+        }
+    }
+}
+
+async fn load(env: &Env, source: PluginSource) -> Result<(Loaded, kinds::Kinds), LoadError> {
+    let plugin = env
+        .sandbox
+        .load(source.wasm.clone(), source.limits)
+        .await
+        .map_err(|e| LoadError::Bad(e.to_string()))?;
+    let kinds = match kinds::resolve(&env.client, plugin.manifest()).await {
+        Ok(k) => k,
+        Err(ResolveError::Missing(m)) => return Err(LoadError::Waiting(m.join(", "))),
+        Err(e) => return Err(LoadError::Bad(e.to_string())),
+    };
+    let loaded = Loaded {
+        plugin,
+        settings: Arc::new(source.settings.clone()),
+        resync: source.resync.unwrap_or(env.config.resync),
+    };
+    Ok((loaded, kinds))
+}

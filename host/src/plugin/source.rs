@@ -1,0 +1,311 @@
+//! Reads a plugin out of its ConfigMap: the module bytes, their digest, settings and limits.
+//!
+//! A plugin ConfigMap carries the label [`PLUGIN_LABEL`] and exactly one `binaryData` key ending
+//! in `.wasm` (raw) or `.wasm.gz` (gzip). Optional keys and annotations:
+//! - `settings.yaml` (in `data`): handed to every reconcile as `settings`;
+//! - annotations [`DEADLINE_ANNOTATION`], [`MEMORY_ANNOTATION`], [`RESPONSE_ANNOTATION`] and
+//!   [`RESYNC_ANNOTATION`] override the host's defaults for this plugin.
+
+use std::io::Read;
+use std::time::Duration;
+
+use flate2::read::GzDecoder;
+use k8s_openapi::api::core::v1::ConfigMap;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::sandbox::Limits;
+
+/// The label that marks a ConfigMap as a plugin (any value).
+pub const PLUGIN_LABEL: &str = "wasmop.io/plugin";
+/// The key of the optional settings document.
+pub const SETTINGS_KEY: &str = "settings.yaml";
+/// Annotation: CPU deadline of one call, in milliseconds.
+pub const DEADLINE_ANNOTATION: &str = "wasmop.io/deadline-ms";
+/// Annotation: memory cap of one instance, in MiB.
+pub const MEMORY_ANNOTATION: &str = "wasmop.io/memory-mib";
+/// Annotation: largest response, in KiB.
+pub const RESPONSE_ANNOTATION: &str = "wasmop.io/max-response-kib";
+/// Annotation: how often every parent is reconciled even when nothing changed, in seconds.
+pub const RESYNC_ANNOTATION: &str = "wasmop.io/resync-seconds";
+
+/// Decompressed modules larger than this are refused before compiling (a gzip bomb guard).
+const MAX_MODULE_BYTES: u64 = 64 << 20;
+
+/// Everything the host takes from one plugin ConfigMap.
+#[derive(Debug, Clone)]
+pub struct PluginSource {
+    /// The ConfigMap's name.
+    pub configmap: String,
+    /// The `binaryData` key the module came from.
+    pub key: String,
+    /// The module, decompressed.
+    pub wasm: Vec<u8>,
+    /// `sha256:<hex>` of [`Self::wasm`].
+    pub digest: String,
+    /// The parsed `settings.yaml`, `null` when absent.
+    pub settings: Value,
+    /// Sandbox limits: the host's defaults with this ConfigMap's overrides.
+    pub limits: Limits,
+    /// Resync period override, if annotated.
+    pub resync: Option<Duration>,
+}
+
+impl PluginSource {
+    /// True when `other` would load the same plugin with the same settings and limits.
+    pub fn same_as(&self, other: &PluginSource) -> bool {
+        self.digest == other.digest
+            && self.settings == other.settings
+            && self.limits == other.limits
+            && self.resync == other.resync
+    }
+}
+
+/// Why a ConfigMap does not hold a usable plugin.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// No `binaryData` key ends in `.wasm` or `.wasm.gz`.
+    #[error("no binaryData key ending in .wasm or .wasm.gz (found: {0})")]
+    NoModule(String),
+    /// More than one module key.
+    #[error("more than one module key in binaryData: {0}; keep exactly one")]
+    ManyModules(String),
+    /// The `.wasm.gz` value is not valid gzip, or too large once inflated.
+    #[error("binaryData key {key}: {reason}")]
+    Gzip {
+        /// The key.
+        key: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// `settings.yaml` does not parse.
+    #[error("{SETTINGS_KEY}: {0}")]
+    Settings(String),
+    /// An annotation is not a positive integer.
+    #[error("annotation {name}={value:?}: expected a positive integer")]
+    Annotation {
+        /// The annotation.
+        name: &'static str,
+        /// Its value.
+        value: String,
+    },
+}
+
+/// `sha256:<hex>` of a module.
+pub fn digest(wasm: &[u8]) -> String {
+    let hash = Sha256::digest(wasm);
+    let mut out = String::with_capacity(7 + 64);
+    out.push_str("sha256:");
+    for b in hash {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out
+}
+
+/// Reads a plugin out of `cm`, starting from the host's `defaults`.
+pub fn read(cm: &ConfigMap, defaults: &Limits) -> Result<PluginSource, SourceError> {
+    let configmap = cm.metadata.name.clone().unwrap_or_default();
+    let binary = cm.binary_data.clone().unwrap_or_default();
+    let modules: Vec<&String> = binary
+        .keys()
+        .filter(|k| k.ends_with(".wasm") || k.ends_with(".wasm.gz"))
+        .collect();
+    let key = match modules.as_slice() {
+        [one] => (*one).clone(),
+        [] => {
+            let mut found: Vec<&String> = binary.keys().collect();
+            found.extend(cm.data.iter().flat_map(|d| d.keys()));
+            let found = if found.is_empty() {
+                "nothing".to_string()
+            } else {
+                found
+                    .iter()
+                    .map(|k| k.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            return Err(SourceError::NoModule(found));
+        }
+        many => {
+            let names: Vec<&str> = many.iter().map(|k| k.as_str()).collect();
+            return Err(SourceError::ManyModules(names.join(", ")));
+        }
+    };
+    let raw = &binary[&key].0;
+    let wasm = if key.ends_with(".gz") {
+        inflate(raw).map_err(|reason| SourceError::Gzip {
+            key: key.clone(),
+            reason,
+        })?
+    } else {
+        raw.clone()
+    };
+
+    let settings = match cm.data.as_ref().and_then(|d| d.get(SETTINGS_KEY)) {
+        Some(text) => {
+            serde_yaml::from_str::<Value>(text).map_err(|e| SourceError::Settings(e.to_string()))?
+        }
+        None => Value::Null,
+    };
+
+    let annotations = cm.metadata.annotations.clone().unwrap_or_default();
+    let number = |name: &'static str| -> Result<Option<u64>, SourceError> {
+        match annotations.get(name) {
+            None => Ok(None),
+            Some(v) => match v.trim().parse::<u64>() {
+                Ok(n) if n > 0 => Ok(Some(n)),
+                _ => Err(SourceError::Annotation {
+                    name,
+                    value: v.clone(),
+                }),
+            },
+        }
+    };
+    let mut limits = *defaults;
+    if let Some(ms) = number(DEADLINE_ANNOTATION)? {
+        limits.deadline = Duration::from_millis(ms);
+    }
+    if let Some(mib) = number(MEMORY_ANNOTATION)? {
+        limits.memory_bytes = mib << 20;
+    }
+    if let Some(kib) = number(RESPONSE_ANNOTATION)? {
+        limits.response_bytes = kib << 10;
+    }
+    let resync = number(RESYNC_ANNOTATION)?.map(Duration::from_secs);
+
+    Ok(PluginSource {
+        configmap,
+        key,
+        digest: digest(&wasm),
+        wasm,
+        settings,
+        limits,
+        resync,
+    })
+}
+
+fn inflate(gz: &[u8]) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    GzDecoder::new(gz)
+        .take(MAX_MODULE_BYTES + 1)
+        .read_to_end(&mut out)
+        .map_err(|e| format!("not valid gzip: {e}"))?;
+    if out.len() as u64 > MAX_MODULE_BYTES {
+        return Err(format!(
+            "inflates to more than {} MiB",
+            MAX_MODULE_BYTES >> 20
+        ));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::io::Write;
+
+    use flate2::Compression;
+    use flate2::write::GzEncoder;
+    use k8s_openapi::ByteString;
+    use kube::api::ObjectMeta;
+
+    use super::*;
+
+    fn cm(binary: &[(&str, Vec<u8>)], data: &[(&str, &str)], ann: &[(&str, &str)]) -> ConfigMap {
+        ConfigMap {
+            metadata: ObjectMeta {
+                name: Some("memcached".into()),
+                annotations: Some(
+                    ann.iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                ),
+                ..Default::default()
+            },
+            binary_data: Some(
+                binary
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), ByteString(v.clone())))
+                    .collect::<BTreeMap<_, _>>(),
+            ),
+            data: Some(
+                data.iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn raw_module_settings_and_overrides() {
+        let src = read(
+            &cm(
+                &[("memcached.wasm", b"\0asm".to_vec())],
+                &[(SETTINGS_KEY, "image: memcached:1.6\n")],
+                &[(DEADLINE_ANNOTATION, "250"), (RESYNC_ANNOTATION, "30")],
+            ),
+            &Limits::default(),
+        )
+        .unwrap();
+        assert_eq!(src.wasm, b"\0asm");
+        assert_eq!(src.key, "memcached.wasm");
+        assert_eq!(src.digest, digest(b"\0asm"));
+        assert!(src.digest.starts_with("sha256:") && src.digest.len() == 71);
+        assert_eq!(src.settings["image"], "memcached:1.6");
+        assert_eq!(src.limits.deadline, Duration::from_millis(250));
+        assert_eq!(src.limits.memory_bytes, Limits::default().memory_bytes);
+        assert_eq!(src.resync, Some(Duration::from_secs(30)));
+    }
+
+    #[test]
+    fn gzip_module_is_inflated() {
+        let mut enc = GzEncoder::new(Vec::new(), Compression::best());
+        enc.write_all(b"\0asm-module").unwrap();
+        let gz = enc.finish().unwrap();
+        let src = read(&cm(&[("p.wasm.gz", gz)], &[], &[]), &Limits::default()).unwrap();
+        assert_eq!(src.wasm, b"\0asm-module");
+        assert_eq!(src.settings, Value::Null);
+    }
+
+    #[test]
+    fn errors_name_what_is_wrong() {
+        let none = read(&cm(&[("notes.txt", vec![1])], &[], &[]), &Limits::default());
+        assert_eq!(
+            none.unwrap_err().to_string(),
+            "no binaryData key ending in .wasm or .wasm.gz (found: notes.txt)"
+        );
+        let many = read(
+            &cm(&[("a.wasm", vec![]), ("b.wasm.gz", vec![])], &[], &[]),
+            &Limits::default(),
+        );
+        assert!(matches!(many, Err(SourceError::ManyModules(_))));
+        let gz = read(
+            &cm(&[("a.wasm.gz", vec![1, 2, 3])], &[], &[]),
+            &Limits::default(),
+        );
+        assert!(
+            gz.unwrap_err()
+                .to_string()
+                .starts_with("binaryData key a.wasm.gz: not valid gzip")
+        );
+        let ann = read(
+            &cm(&[("a.wasm", vec![])], &[], &[(MEMORY_ANNOTATION, "lots")]),
+            &Limits::default(),
+        );
+        assert_eq!(
+            ann.unwrap_err().to_string(),
+            "annotation wasmop.io/memory-mib=\"lots\": expected a positive integer"
+        );
+        let settings = read(
+            &cm(&[("a.wasm", vec![])], &[(SETTINGS_KEY, "a: [")], &[]),
+            &Limits::default(),
+        );
+        assert!(
+            settings
+                .unwrap_err()
+                .to_string()
+                .starts_with("settings.yaml: ")
+        );
+    }
+}

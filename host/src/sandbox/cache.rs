@@ -1,0 +1,215 @@
+//! Compiled components, cached by module digest: in memory (a small bounded map) and, when a
+//! directory is configured, on disk.
+//!
+//! Compiling a plugin takes tens of milliseconds; loading a cached artifact well under one.
+//! Disk entries live under `<dir>/components/<engine>/<digest>.cwasm`, where `<engine>` is a
+//! SHA-256 of wasmtime's [`Engine::precompile_compatibility_hash`] (wasmtime version, target,
+//! CPU flags, tunables), so a host upgrade never reads an incompatible artifact. wasmtime does
+//! not check an artifact's integrity, so each one has a `.sha256` file beside it, and both are
+//! written to a temporary name first and renamed into place. Any cache problem is logged and
+//! falls back to compiling: the cache can make loading faster, never fail.
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::{Hash, Hasher};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+
+use sha2::{Digest, Sha256};
+use wasmtime::Engine;
+use wasmtime::component::Component;
+
+/// Components kept in memory; older ones are dropped first.
+const MEMORY_ENTRIES: usize = 32;
+
+/// Where compiled components come from.
+pub(crate) struct ArtifactCache {
+    /// `<dir>/components/<engine>`, or `None` for memory only.
+    dir: Option<PathBuf>,
+    memory: Mutex<MemoryCache>,
+}
+
+#[derive(Default)]
+struct MemoryCache {
+    map: HashMap<String, Component>,
+    order: VecDeque<String>,
+}
+
+impl ArtifactCache {
+    pub(crate) fn new(engine: &Engine, dir: Option<&Path>) -> Self {
+        Self {
+            dir: dir.map(|d| d.join("components").join(engine_key(engine))),
+            memory: Mutex::default(),
+        }
+    }
+
+    /// The compiled component for `wasm`, whose SHA-256 in hex is `digest_hex`.
+    pub(crate) fn get_or_compile(
+        &self,
+        engine: &Engine,
+        digest_hex: &str,
+        wasm: &[u8],
+    ) -> wasmtime::Result<Component> {
+        if let Some(component) = self.lock().map.get(digest_hex) {
+            return Ok(component.clone());
+        }
+        let component = match self.read_disk(engine, digest_hex) {
+            Some(component) => component,
+            None => {
+                let component = Component::new(engine, wasm)?;
+                self.write_disk(digest_hex, &component);
+                component
+            }
+        };
+        let mut memory = self.lock();
+        if memory
+            .map
+            .insert(digest_hex.to_owned(), component.clone())
+            .is_none()
+        {
+            memory.order.push_back(digest_hex.to_owned());
+            while memory.order.len() > MEMORY_ENTRIES {
+                if let Some(old) = memory.order.pop_front() {
+                    memory.map.remove(&old);
+                }
+            }
+        }
+        Ok(component)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, MemoryCache> {
+        self.memory.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn paths(&self, digest_hex: &str) -> Option<(PathBuf, PathBuf)> {
+        let dir = self.dir.as_ref()?;
+        Some((
+            dir.join(format!("{digest_hex}.cwasm")),
+            dir.join(format!("{digest_hex}.cwasm.sha256")),
+        ))
+    }
+
+    fn read_disk(&self, engine: &Engine, digest_hex: &str) -> Option<Component> {
+        let (artifact, checksum) = self.paths(digest_hex)?;
+        let expected = std::fs::read_to_string(&checksum).ok()?;
+        // Verify and deserialize the same bytes, so the file can't change in between.
+        let bytes = std::fs::read(&artifact).ok()?;
+        if hex(&Sha256::digest(&bytes)) != expected.trim() {
+            tracing::warn!(path = %artifact.display(), "cached artifact fails its checksum; recompiling");
+            return None;
+        }
+        #[allow(unsafe_code)]
+        // SAFETY: wasmtime requires the bytes to come from `Component::serialize` of a
+        // compatible engine. This cache wrote them (under a directory keyed by the engine's
+        // compatibility hash) and they match the checksum written with them, so they are what
+        // `serialize` produced; wasmtime itself still rejects artifacts of another version or
+        // configuration.
+        let component = unsafe { Component::deserialize(engine, &bytes) };
+        match component {
+            Ok(component) => Some(component),
+            Err(e) => {
+                tracing::warn!(path = %artifact.display(), error = %e, "cached artifact refused; recompiling");
+                None
+            }
+        }
+    }
+
+    fn write_disk(&self, digest_hex: &str, component: &Component) {
+        let Some((artifact, checksum)) = self.paths(digest_hex) else {
+            return;
+        };
+        let result = component
+            .serialize()
+            .map_err(|e| std::io::Error::other(e.to_string()))
+            .and_then(|bytes| {
+                let dir = artifact.parent().unwrap_or(Path::new("."));
+                std::fs::create_dir_all(dir)?;
+                write_atomic(&artifact, &bytes)?;
+                write_atomic(&checksum, hex(&Sha256::digest(&bytes)).as_bytes())
+            });
+        if let Err(e) = result {
+            tracing::warn!(path = %artifact.display(), error = %e, "cannot write the artifact cache");
+        }
+    }
+}
+
+/// Writes `path` through a uniquely named temporary file and a rename, so readers see the old
+/// file or the whole new one.
+fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let tmp = path.with_extension(format!(
+        "tmp.{}.{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    ));
+    let written = std::fs::File::create(&tmp).and_then(|mut f| {
+        f.write_all(bytes)?;
+        f.sync_all()
+    });
+    match written.and_then(|()| std::fs::rename(&tmp, path)) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(e)
+        }
+    }
+}
+
+/// A stable name for the engine's compatibility: SHA-256 over the bytes its `Hash` feeds in.
+/// (`DefaultHasher`'s algorithm may change between Rust releases; this may not.)
+fn engine_key(engine: &Engine) -> String {
+    let mut hasher = Sha256Hasher(Sha256::new());
+    engine.precompile_compatibility_hash().hash(&mut hasher);
+    hex(&hasher.0.finalize()[..16])
+}
+
+struct Sha256Hasher(Sha256);
+
+impl Hasher for Sha256Hasher {
+    fn finish(&self) -> u64 {
+        let digest = self.0.clone().finalize();
+        u64::from_le_bytes(digest[..8].try_into().unwrap_or_default())
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+}
+
+/// Lower-case hex.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_is_lower_case() {
+        assert_eq!(hex(&[0, 0xab, 0x10]), "00ab10");
+    }
+
+    #[test]
+    fn atomic_write_replaces() {
+        let dir = std::env::temp_dir().join(format!("wasmop-cache-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("x.bin");
+        write_atomic(&path, b"one").unwrap();
+        write_atomic(&path, b"two").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"two");
+        assert_eq!(
+            std::fs::read_dir(&dir).unwrap().count(),
+            1,
+            "no temporary file left"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

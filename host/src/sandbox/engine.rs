@@ -1,0 +1,67 @@
+//! The wasmtime [`Engine`] every plugin of one [`Sandbox`](super::Sandbox) shares: the
+//! component model, a pooling instance allocator sized for `max_instances` concurrent calls,
+//! and epoch interruption driven by one ticker thread.
+//!
+//! The ticker holds only a weak reference, so dropping the last `Sandbox` stops it.
+//!
+//! Every pool slot reserves address space for a whole 32-bit memory plus guard pages
+//! (about 4 GiB each), not resident memory: 64 slots take about 260 GiB of virtual address
+//! space and a few MiB of RSS. Containers with a virtual-memory ulimit need a smaller pool.
+
+use std::time::Duration;
+
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+
+use super::error::SandboxError;
+use super::limits::MEMORY_CEILING;
+
+/// How often the epoch advances: the granularity of every deadline.
+pub(crate) const EPOCH_PERIOD: Duration = Duration::from_millis(10);
+
+/// Core instances one component may create (a Rust wasip2 guest uses 3).
+const CORE_INSTANCES_PER_COMPONENT: u32 = 16;
+/// Memories and tables one component may define (a Rust guest has one memory and one table).
+const MEMORIES_PER_COMPONENT: u32 = 2;
+const TABLES_PER_COMPONENT: u32 = 4;
+
+/// Builds the engine and starts its epoch ticker.
+pub(crate) fn new_engine(max_instances: u32) -> Result<Engine, SandboxError> {
+    let max_instances = max_instances.max(1);
+    let mut pool = PoolingAllocationConfig::default();
+    pool.total_component_instances(max_instances)
+        // Pool totals are shared by all plugins; per-component maxima are checked at compile
+        // time, so a component that could never fit is refused when it loads.
+        .total_core_instances(max_instances.saturating_mul(4))
+        .max_core_instances_per_component(CORE_INSTANCES_PER_COMPONENT)
+        .total_memories(max_instances.saturating_mul(MEMORIES_PER_COMPONENT))
+        .max_memories_per_component(MEMORIES_PER_COMPONENT)
+        .total_tables(max_instances.saturating_mul(TABLES_PER_COMPONENT))
+        .max_tables_per_component(TABLES_PER_COMPONENT)
+        .max_memory_size(usize::try_from(MEMORY_CEILING).unwrap_or(usize::MAX));
+
+    let mut config = Config::new();
+    config
+        .wasm_component_model(true)
+        .epoch_interruption(true)
+        .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    let engine = Engine::new(&config).map_err(|e| SandboxError::Engine(format!("{e:#}")))?;
+    start_ticker(&engine)?;
+    Ok(engine)
+}
+
+fn start_ticker(engine: &Engine) -> Result<(), SandboxError> {
+    let weak = engine.weak();
+    std::thread::Builder::new()
+        .name("wasmop-epoch".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(EPOCH_PERIOD);
+                match weak.upgrade() {
+                    Some(engine) => engine.increment_epoch(),
+                    None => return,
+                }
+            }
+        })
+        .map_err(SandboxError::Ticker)?;
+    Ok(())
+}

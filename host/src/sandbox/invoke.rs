@@ -1,0 +1,231 @@
+//! One call into a plugin: a fresh [`Store`] and a fresh instance from the pre-instantiated
+//! component, so nothing a call does can leak into the next, and a failed call leaves nothing
+//! behind to clean up.
+//!
+//! The store grants the guest WASI p2 with no capabilities (no preopens, environment,
+//! arguments or sockets; clocks and randomness remain because the standard library needs them),
+//! stdout and stderr captured by a [`TailSink`], the [`MemoryLimiter`] and an epoch deadline.
+//! The `log` import becomes `tracing` events under the target `wasmop::plugin`.
+//!
+//! Failures are classified here, in this order: the limiter hit its cap → `MemoryCap` (the
+//! guest then aborts with `unreachable`, which alone would look like a panic); an epoch
+//! interrupt → `DeadlineExceeded`; any other trap → `Trap` with the guest's panic message (or
+//! its stderr tail); a full pool → `Internal`; an instantiation error while probing →
+//! `WrongInterface` (a type mismatch between the world and the component shows only then).
+
+use wasmtime::component::ResourceTable;
+use wasmtime::{Engine, Store, Trap};
+use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+
+use super::bindings::wasmop::plugin::host::{self, Level};
+use super::bindings::{Plugin as Bindings, PluginPre};
+use super::engine::EPOCH_PERIOD;
+use super::error::{Call, PluginErrorKind};
+use super::limits::{Limits, MemoryLimiter};
+use super::output::TailSink;
+
+/// Bytes of guest stdout/stderr kept for error messages.
+const OUTPUT_TAIL: usize = 4 << 10;
+/// Log lines one call may emit; the rest are counted and dropped.
+const MAX_LOG_LINES: u32 = 1000;
+/// Longest log line passed on; longer ones are cut.
+const MAX_LOG_LINE: usize = 8 << 10;
+
+/// The state of one store: WASI, the limiter and what the guest logged.
+pub(crate) struct CallState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    limiter: MemoryLimiter,
+    log: GuestLog,
+}
+
+impl WasiView for CallState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl host::Host for CallState {
+    fn log(&mut self, level: Level, message: String) {
+        self.log.record(level, message);
+    }
+}
+
+/// Forwards guest log lines to `tracing` and keeps the last panic message.
+struct GuestLog {
+    plugin: String,
+    lines: u32,
+    dropped: u32,
+    last_panic: Option<String>,
+}
+
+impl GuestLog {
+    fn record(&mut self, level: Level, mut message: String) {
+        if level == Level::Error
+            && let Some(panic) = message.strip_prefix("panic: ")
+        {
+            self.last_panic = Some(truncate(panic.to_owned(), MAX_LOG_LINE));
+        }
+        if self.lines >= MAX_LOG_LINES {
+            self.dropped += 1;
+            return;
+        }
+        self.lines += 1;
+        message = truncate(message, MAX_LOG_LINE);
+        let plugin = self.plugin.as_str();
+        match level {
+            Level::Trace => tracing::trace!(target: "wasmop::plugin", plugin, "{message}"),
+            Level::Debug => tracing::debug!(target: "wasmop::plugin", plugin, "{message}"),
+            Level::Info => tracing::info!(target: "wasmop::plugin", plugin, "{message}"),
+            Level::Warn => tracing::warn!(target: "wasmop::plugin", plugin, "{message}"),
+            Level::Error => tracing::error!(target: "wasmop::plugin", plugin, "{message}"),
+        }
+    }
+}
+
+/// Cuts `s` to at most `max` bytes (on a character boundary), marking the cut with `…`.
+pub(crate) fn truncate(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+        s.push('…');
+    }
+    s
+}
+
+/// What a call needs besides its arguments.
+pub(crate) struct Invocation<'a> {
+    pub engine: &'a Engine,
+    pub pre: &'a PluginPre<CallState>,
+    pub limits: &'a Limits,
+    /// The manifest name, or `<unknown>` while probing.
+    pub plugin: &'a str,
+    pub call: Call,
+    /// The load-time probe: an instantiation failure means a wrong interface.
+    pub probing: bool,
+}
+
+impl Invocation<'_> {
+    /// Instantiates the component in a fresh store and runs `f` on it.
+    pub(crate) fn run<R>(
+        &self,
+        f: impl FnOnce(&Bindings, &mut Store<CallState>) -> wasmtime::Result<R>,
+    ) -> Result<R, PluginErrorKind> {
+        let output = TailSink::new(OUTPUT_TAIL);
+        let wasi = WasiCtxBuilder::new()
+            .stdout(output.clone())
+            .stderr(output.clone())
+            .build();
+        let state = CallState {
+            wasi,
+            table: ResourceTable::new(),
+            limiter: MemoryLimiter::new(self.limits.memory_bytes),
+            log: GuestLog {
+                plugin: self.plugin.to_owned(),
+                lines: 0,
+                dropped: 0,
+                last_panic: None,
+            },
+        };
+        let mut store = Store::new(self.engine, state);
+        store.limiter(|state| &mut state.limiter);
+        store.set_epoch_deadline(self.limits.deadline_ticks(EPOCH_PERIOD));
+
+        let result = match self.pre.instantiate(&mut store) {
+            Ok(instance) => f(&instance, &mut store).map_err(|e| (e, false)),
+            Err(e) => Err((e, true)),
+        };
+        let log = &store.data().log;
+        if log.dropped > 0 {
+            tracing::warn!(
+                target: "wasmop::plugin",
+                plugin = self.plugin,
+                dropped = log.dropped,
+                "plugin log lines dropped: more than {MAX_LOG_LINES} in one call"
+            );
+        }
+        let (err, instantiating) = match result {
+            Ok(value) => return Ok(value),
+            Err(e) => e,
+        };
+        Err(self.classify(&err, instantiating, &store, &output))
+    }
+
+    fn classify(
+        &self,
+        err: &wasmtime::Error,
+        instantiating: bool,
+        store: &Store<CallState>,
+        output: &TailSink,
+    ) -> PluginErrorKind {
+        let call = self.call;
+        if store.data().limiter.hit() {
+            return PluginErrorKind::MemoryCap {
+                call,
+                limit: self.limits.memory_bytes,
+            };
+        }
+        if let Some(trap) = err.downcast_ref::<Trap>() {
+            if *trap == Trap::Interrupt {
+                return PluginErrorKind::DeadlineExceeded {
+                    call,
+                    limit: self.limits.deadline,
+                };
+            }
+            return PluginErrorKind::Trap {
+                call,
+                message: trap.to_string(),
+                guest_message: store
+                    .data()
+                    .log
+                    .last_panic
+                    .clone()
+                    .or_else(|| output.text()),
+            };
+        }
+        let detail = error_chain(err);
+        if err
+            .downcast_ref::<wasmtime::PoolConcurrencyLimitError>()
+            .is_some()
+        {
+            return PluginErrorKind::Internal(detail);
+        }
+        if instantiating && self.probing {
+            return PluginErrorKind::WrongInterface(detail);
+        }
+        if instantiating {
+            return PluginErrorKind::Internal(format!("instantiating: {detail}"));
+        }
+        // Anything else the guest caused while running, e.g. a string that is not UTF-8.
+        PluginErrorKind::Trap {
+            call,
+            message: detail,
+            guest_message: store
+                .data()
+                .log
+                .last_panic
+                .clone()
+                .or_else(|| output.text()),
+        }
+    }
+}
+
+/// The error and its causes on one line, without wasm backtraces.
+pub(crate) fn error_chain(err: &wasmtime::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        // wasmtime puts a multi-line backtrace in a context layer: keep its first line.
+        let line = text.lines().next().unwrap_or_default().trim().to_owned();
+        if !line.is_empty() && !parts.contains(&line) {
+            parts.push(line);
+        }
+    }
+    parts.join(": ")
+}

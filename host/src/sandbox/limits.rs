@@ -1,0 +1,170 @@
+//! What one plugin call may use: wall-clock time (an epoch deadline), linear memory (a
+//! [`ResourceLimiter`] per store) and response size (checked before any JSON is parsed).
+//!
+//! The memory limiter refuses growth past the cap the way an allocator expects (`memory.grow`
+//! returns -1) and remembers that it did: a Rust guest then prints "memory allocation failed"
+//! and aborts with `unreachable`, which looks exactly like a panic unless the store says the cap
+//! was hit first.
+
+use std::time::Duration;
+
+use wasmtime::ResourceLimiter;
+
+use crate::cli::LimitArgs;
+
+/// The most linear memory any plugin may be granted (1 GiB), whatever its [`Limits`] say: a
+/// backstop in the pool itself. Larger limits are lowered to it at load, so the limiter (which
+/// records the hit) always refuses first.
+pub const MEMORY_CEILING: u64 = 1 << 30;
+
+/// Largest table a guest may grow to, in elements (Rust guests use a few hundred).
+const MAX_TABLE_ELEMENTS: usize = 100_000;
+
+/// Limits of one plugin; every call gets a fresh budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Limits {
+    /// Wall-clock deadline of one call (instantiation included). Default 1 s.
+    pub deadline: Duration,
+    /// Linear-memory cap of one instance, in bytes. Default 64 MiB; at most [`MEMORY_CEILING`]
+    /// (lowered to it when a plugin is loaded).
+    pub memory_bytes: u64,
+    /// Largest response (`reconcile` JSON, or `related` selectors together), in bytes.
+    /// Default 4 MiB.
+    pub response_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            deadline: Duration::from_secs(1),
+            memory_bytes: 64 << 20,
+            response_bytes: 4 << 20,
+        }
+    }
+}
+
+impl From<&LimitArgs> for Limits {
+    fn from(args: &LimitArgs) -> Self {
+        Self {
+            deadline: args.deadline(),
+            memory_bytes: args.memory_mib.saturating_mul(1 << 20),
+            response_bytes: args.max_response_kib.saturating_mul(1 << 10),
+        }
+    }
+}
+
+impl Limits {
+    /// These limits with the memory cap brought within [`MEMORY_CEILING`].
+    pub(crate) fn clamped(self) -> Self {
+        Self {
+            memory_bytes: self.memory_bytes.min(MEMORY_CEILING),
+            ..self
+        }
+    }
+
+    /// Epoch ticks for the deadline: rounded up, plus one because the first tick may come
+    /// right after the deadline is set. A call gets at least `deadline`, at most one period more.
+    pub(crate) fn deadline_ticks(&self, period: Duration) -> u64 {
+        let period = period.as_nanos().max(1);
+        let ticks = self.deadline.as_nanos().div_ceil(period);
+        u64::try_from(ticks).unwrap_or(u64::MAX - 1) + 1
+    }
+}
+
+/// Caps the linear memory of one store and records whether the cap was hit.
+#[derive(Debug)]
+pub(crate) struct MemoryLimiter {
+    cap: usize,
+    hit: bool,
+}
+
+impl MemoryLimiter {
+    pub(crate) fn new(cap: u64) -> Self {
+        Self {
+            cap: usize::try_from(cap).unwrap_or(usize::MAX),
+            hit: false,
+        }
+    }
+
+    /// Whether a growth was refused in this store.
+    pub(crate) fn hit(&self) -> bool {
+        self.hit
+    }
+}
+
+impl ResourceLimiter for MemoryLimiter {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > self.cap {
+            self.hit = true;
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= MAX_TABLE_ELEMENTS)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadline_ticks_round_up_plus_one() {
+        let period = Duration::from_millis(10);
+        let limits = |ms| Limits {
+            deadline: Duration::from_millis(ms),
+            ..Limits::default()
+        };
+        assert_eq!(limits(1000).deadline_ticks(period), 101);
+        assert_eq!(limits(15).deadline_ticks(period), 3);
+        assert_eq!(limits(0).deadline_ticks(period), 1);
+    }
+
+    #[test]
+    fn from_cli_args() {
+        let args = LimitArgs {
+            deadline_ms: 250,
+            memory_mib: 16,
+            max_response_kib: 8,
+        };
+        assert_eq!(
+            Limits::from(&args),
+            Limits {
+                deadline: Duration::from_millis(250),
+                memory_bytes: 16 << 20,
+                response_bytes: 8 << 10,
+            }
+        );
+    }
+
+    #[test]
+    fn memory_is_clamped_to_the_ceiling() {
+        let big = Limits {
+            memory_bytes: 8 << 30,
+            ..Limits::default()
+        };
+        assert_eq!(big.clamped().memory_bytes, MEMORY_CEILING);
+        assert_eq!(Limits::default().clamped(), Limits::default());
+    }
+
+    #[test]
+    fn limiter_flags_the_cap() {
+        let mut limiter = MemoryLimiter::new(1 << 20);
+        assert!(limiter.memory_growing(0, 1 << 20, None).unwrap());
+        assert!(!limiter.hit());
+        assert!(!limiter.memory_growing(1 << 20, 2 << 20, None).unwrap());
+        assert!(limiter.hit());
+    }
+}

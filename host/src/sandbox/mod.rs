@@ -1,0 +1,258 @@
+//! The sandbox: loads WebAssembly plugins and calls them under limits.
+//!
+//! A [`Sandbox`] owns one wasmtime engine (pooling allocator, epoch interruption; see
+//! `engine.rs`), the linker with the host's imports, and the artifact cache. [`Sandbox::load`]
+//! turns module bytes into a [`Plugin`]:
+//!
+//! 1. digest the bytes (`sha256:<hex>`);
+//! 2. compile them, or take the compiled component from the cache (`cache.rs`), on a blocking
+//!    thread;
+//! 3. link them against the `wasmop:plugin@0.1.0` world (`bindings.rs`) and pre-instantiate;
+//! 4. probe: instantiate once and call `manifest`, so a wrong interface fails at load, not on
+//!    the first reconcile;
+//! 5. validate the manifest (`manifest.rs`).
+//!
+//! Every call then runs in a fresh store and instance (`invoke.rs`) with the plugin's
+//! [`Limits`]: a deadline, a memory cap and a response-size cap. A call that fails, however
+//! badly, leaves the plugin usable for the next one. Failures are typed ([`PluginErrorKind`]),
+//! each with a reason string for Events.
+//!
+//! ```no_run
+//! # async fn demo(wasm: Vec<u8>, req: wasmop_guest::wire::WireRequest) -> anyhow::Result<()> {
+//! use wasmop::sandbox::{Limits, Sandbox, SandboxConfig};
+//!
+//! let sandbox = Sandbox::new(SandboxConfig::default())?;
+//! let plugin = sandbox.load(wasm, Limits::default()).await?;
+//! let response = plugin.reconcile(&req).await?;
+//! # Ok(()) }
+//! ```
+
+mod bindings;
+mod cache;
+mod engine;
+mod error;
+mod invoke;
+mod limits;
+mod manifest;
+mod output;
+mod plugin;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+use tokio::sync::Semaphore;
+use wasmtime::Engine;
+use wasmtime::component::{HasSelf, Linker};
+
+pub use error::{Call, PluginError, PluginErrorKind, SandboxError, UNKNOWN_PLUGIN};
+pub use limits::{Limits, MEMORY_CEILING};
+pub use manifest::{
+    KindRef, Manifest, ManifestError, RelatedKind, RelatedSelector, is_dns1123_label,
+    is_dns1123_subdomain,
+};
+pub use plugin::Plugin;
+
+use bindings::{Plugin as Bindings, PluginPre};
+use cache::{ArtifactCache, hex};
+use invoke::{CallState, Invocation, error_chain};
+
+/// How a [`Sandbox`] is set up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxConfig {
+    /// Plugin calls that may run at once, over all plugins; more wait for a free slot.
+    /// Each slot reserves about 4 GiB of address space (not memory). Default 64.
+    pub max_instances: u32,
+    /// Where compiled components are cached across restarts; `None` keeps them in memory only.
+    /// Default: `$XDG_CACHE_HOME/wasmop`, else `~/.cache/wasmop`, if it can be written to.
+    pub cache_dir: Option<PathBuf>,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        Self {
+            max_instances: 64,
+            cache_dir: default_cache_dir(),
+        }
+    }
+}
+
+fn default_cache_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| Path::new(&home).join(".cache")))?;
+    let dir = base.join("wasmop");
+    writable(&dir).then_some(dir)
+}
+
+fn writable(dir: &Path) -> bool {
+    if std::fs::create_dir_all(dir).is_err() {
+        return false;
+    }
+    let probe = dir.join(format!(".probe-{}", std::process::id()));
+    let ok = std::fs::write(&probe, b"").is_ok();
+    let _ = std::fs::remove_file(&probe);
+    ok
+}
+
+/// Loads plugins into one shared engine. Cheap to clone.
+#[derive(Clone)]
+pub struct Sandbox {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    engine: Engine,
+    linker: Linker<CallState>,
+    cache: ArtifactCache,
+    slots: Arc<Semaphore>,
+}
+
+impl std::fmt::Debug for Sandbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sandbox")
+            .field("slots", &self.inner.slots.available_permits())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Sandbox {
+    /// Builds the engine, starts its epoch ticker and links the host functions.
+    pub fn new(cfg: SandboxConfig) -> Result<Self, SandboxError> {
+        let engine = engine::new_engine(cfg.max_instances)?;
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+            .map_err(|e| SandboxError::Linker(format!("{e:#}")))?;
+        Bindings::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |state| state)
+            .map_err(|e| SandboxError::Linker(format!("{e:#}")))?;
+        let cache = ArtifactCache::new(&engine, cfg.cache_dir.as_deref());
+        let slots = Arc::new(Semaphore::new(cfg.max_instances.max(1) as usize));
+        Ok(Self {
+            inner: Arc::new(Inner {
+                engine,
+                linker,
+                cache,
+                slots,
+            }),
+        })
+    }
+
+    /// Loads a plugin without blocking the async runtime: compilation and the probe run on a
+    /// blocking thread, in the caller's tracing span.
+    pub async fn load(&self, wasm: Vec<u8>, limits: Limits) -> Result<Plugin, PluginError> {
+        let this = self.clone();
+        let (dispatch, span) = plugin::current_tracing();
+        let digest = digest_of(&wasm);
+        tokio::task::spawn_blocking(move || {
+            tracing::dispatcher::with_default(&dispatch, || {
+                span.in_scope(|| this.load_blocking(&wasm, limits))
+            })
+        })
+        .await
+        .map_err(|e| {
+            PluginError::new(
+                UNKNOWN_PLUGIN,
+                &digest,
+                PluginErrorKind::Internal(format!("plugin load thread: {e}")),
+            )
+        })?
+    }
+
+    /// [`Sandbox::load`] on the calling thread (compiling may take 100 ms).
+    pub fn load_blocking(&self, wasm: &[u8], limits: Limits) -> Result<Plugin, PluginError> {
+        let limits = limits.clamped();
+        let digest = digest_of(wasm);
+        let digest_hex = &digest["sha256:".len()..];
+        let fail = |kind| PluginError::new(UNKNOWN_PLUGIN, &digest, kind);
+
+        let detail = match sniff(wasm) {
+            Binary::Component => None,
+            Binary::CoreModule => Some(
+                "a core WebAssembly module, not a component (build the plugin for wasm32-wasip2)",
+            ),
+            Binary::NotWasm => Some("not WebAssembly at all (no `\\0asm` header)"),
+        };
+        if let Some(detail) = detail {
+            return Err(fail(PluginErrorKind::NotAComponent(detail.into())));
+        }
+        let component = self
+            .inner
+            .cache
+            .get_or_compile(&self.inner.engine, digest_hex, wasm)
+            .map_err(|e| fail(PluginErrorKind::NotAComponent(error_chain(&e))))?;
+        let instance_pre = self
+            .inner
+            .linker
+            .instantiate_pre(&component)
+            .map_err(|e| fail(PluginErrorKind::WrongInterface(error_chain(&e))))?;
+        let pre = PluginPre::new(instance_pre)
+            .map_err(|e| fail(PluginErrorKind::WrongInterface(error_chain(&e))))?;
+
+        let manifest = {
+            let _slot = futures::executor::block_on(self.inner.slots.acquire())
+                .map_err(|e| fail(PluginErrorKind::Internal(e.to_string())))?;
+            Invocation {
+                engine: &self.inner.engine,
+                pre: &pre,
+                limits: &limits,
+                plugin: UNKNOWN_PLUGIN,
+                call: Call::Manifest,
+                probing: true,
+            }
+            .run(|bindings, store| bindings.wasmop_plugin_reconciler().call_manifest(store))
+            .map_err(fail)?
+        };
+        let manifest = Manifest::from(manifest);
+        if let Err(e) = manifest.validate() {
+            // The name is known now, even if it is itself what is wrong.
+            let name = if manifest.name.is_empty() {
+                UNKNOWN_PLUGIN
+            } else {
+                &manifest.name
+            };
+            return Err(PluginError::new(
+                name,
+                &digest,
+                PluginErrorKind::InvalidManifest(e.to_string()),
+            ));
+        }
+        tracing::debug!(
+            plugin = %manifest.name,
+            version = %manifest.version,
+            %digest,
+            size = wasm.len(),
+            "plugin loaded"
+        );
+        Ok(Plugin::new(
+            digest,
+            manifest,
+            wasm.len(),
+            limits,
+            self.inner.engine.clone(),
+            pre,
+            Arc::clone(&self.inner.slots),
+        ))
+    }
+}
+
+enum Binary {
+    Component,
+    CoreModule,
+    NotWasm,
+}
+
+/// Tells components from core modules by the header: the magic, a 2-byte version and a 2-byte
+/// layer (0 for a core module, 1 for a component).
+fn sniff(wasm: &[u8]) -> Binary {
+    match wasm {
+        [0, b'a', b's', b'm', _, _, 1, 0, ..] => Binary::Component,
+        [0, b'a', b's', b'm', _, _, 0, 0, ..] => Binary::CoreModule,
+        _ => Binary::NotWasm,
+    }
+}
+
+/// `sha256:<hex>` of module bytes, as [`Plugin::digest`] reports it.
+pub fn digest_of(wasm: &[u8]) -> String {
+    format!("sha256:{}", hex(&Sha256::digest(wasm)))
+}

@@ -1,0 +1,245 @@
+//! A loaded plugin: its digest, manifest and limits, and the pre-instantiated component every
+//! call instantiates afresh. Immutable once loaded and cheap to clone.
+//!
+//! Calls come in two flavours: `*_blocking`, which run the guest on the calling thread, and
+//! `async`, which hand the blocking call to `tokio::task::spawn_blocking` (synchronous WASI must
+//! not run on a runtime worker) inside the caller's tracing span. Both wait for a free slot of
+//! the sandbox's instance pool first.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+use tokio::sync::Semaphore;
+use wasmop_guest::wire::{WireRequest, WireResponse};
+use wasmtime::Engine;
+
+use super::bindings::PluginPre;
+use super::error::{Call, PluginError, PluginErrorKind};
+use super::invoke::{CallState, Invocation, truncate};
+use super::limits::Limits;
+use super::manifest::{Manifest, RelatedSelector, SelectorProblem};
+
+/// Longest guest error message kept in a [`PluginErrorKind::PluginFailed`].
+const MAX_GUEST_ERROR: usize = 4 << 10;
+
+/// A plugin ready to be called. Cheap to clone; every call gets a fresh instance.
+#[derive(Clone)]
+pub struct Plugin {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    digest: String,
+    manifest: Manifest,
+    size: usize,
+    limits: Limits,
+    engine: Engine,
+    pre: PluginPre<CallState>,
+    slots: Arc<Semaphore>,
+}
+
+impl std::fmt::Debug for Plugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plugin")
+            .field("name", &self.inner.manifest.name)
+            .field("digest", &self.inner.digest)
+            .field("size", &self.inner.size)
+            .field("limits", &self.inner.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Plugin {
+    pub(crate) fn new(
+        digest: String,
+        manifest: Manifest,
+        size: usize,
+        limits: Limits,
+        engine: Engine,
+        pre: PluginPre<CallState>,
+        slots: Arc<Semaphore>,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                digest,
+                manifest,
+                size,
+                limits,
+                engine,
+                pre,
+                slots,
+            }),
+        }
+    }
+
+    /// `sha256:<hex>` of the module bytes.
+    pub fn digest(&self) -> &str {
+        &self.inner.digest
+    }
+
+    /// The manifest the plugin reported when it loaded.
+    pub fn manifest(&self) -> &Manifest {
+        &self.inner.manifest
+    }
+
+    /// The size of the module in bytes.
+    pub fn size(&self) -> usize {
+        self.inner.size
+    }
+
+    /// The limits every call runs under.
+    pub fn limits(&self) -> &Limits {
+        &self.inner.limits
+    }
+
+    /// The selectors of the related objects to gather for `parent`.
+    pub async fn related(&self, parent: &Value) -> Result<Vec<RelatedSelector>, PluginError> {
+        let parent = parent.to_string();
+        self.spawn(move |plugin| plugin.related_json(&parent)).await
+    }
+
+    /// [`Plugin::related`] on the calling thread. Don't call it on an async runtime worker.
+    pub fn related_blocking(&self, parent: &Value) -> Result<Vec<RelatedSelector>, PluginError> {
+        let _slot = self.wait_slot_blocking()?;
+        self.related_json(&parent.to_string())
+    }
+
+    /// One reconcile.
+    pub async fn reconcile(&self, req: &WireRequest) -> Result<WireResponse, PluginError> {
+        let json = self.request_json(req)?;
+        self.spawn(move |plugin| plugin.reconcile_json(&json)).await
+    }
+
+    /// [`Plugin::reconcile`] on the calling thread. Don't call it on an async runtime worker.
+    pub fn reconcile_blocking(&self, req: &WireRequest) -> Result<WireResponse, PluginError> {
+        let json = self.request_json(req)?;
+        let _slot = self.wait_slot_blocking()?;
+        self.reconcile_json(&json)
+    }
+
+    fn failed(&self, call: Call, message: String) -> PluginError {
+        let message = truncate(message, MAX_GUEST_ERROR);
+        self.error(PluginErrorKind::PluginFailed { call, message })
+    }
+
+    fn error(&self, kind: PluginErrorKind) -> PluginError {
+        PluginError::new(&self.inner.manifest.name, &self.inner.digest, kind)
+    }
+
+    fn request_json(&self, req: &WireRequest) -> Result<String, PluginError> {
+        serde_json::to_string(req).map_err(|e| {
+            self.error(PluginErrorKind::Internal(format!(
+                "encoding the request: {e}"
+            )))
+        })
+    }
+
+    fn wait_slot_blocking(&self) -> Result<tokio::sync::SemaphorePermit<'_>, PluginError> {
+        futures::executor::block_on(self.inner.slots.acquire())
+            .map_err(|e| self.error(PluginErrorKind::Internal(e.to_string())))
+    }
+
+    /// Waits for a pool slot, then runs `f` on a blocking thread in the current span.
+    async fn spawn<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Plugin) -> Result<R, PluginError> + Send + 'static,
+    ) -> Result<R, PluginError> {
+        let slot = Arc::clone(&self.inner.slots)
+            .acquire_owned()
+            .await
+            .map_err(|e| self.error(PluginErrorKind::Internal(e.to_string())))?;
+        let (dispatch, span) = current_tracing();
+        let plugin = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let _slot = slot;
+            tracing::dispatcher::with_default(&dispatch, || span.in_scope(|| f(&plugin)))
+        })
+        .await
+        .map_err(|e| {
+            self.error(PluginErrorKind::Internal(format!(
+                "plugin call thread: {e}"
+            )))
+        })?
+    }
+
+    fn invocation(&self, call: Call) -> Invocation<'_> {
+        Invocation {
+            engine: &self.inner.engine,
+            pre: &self.inner.pre,
+            limits: &self.inner.limits,
+            plugin: &self.inner.manifest.name,
+            call,
+            probing: false,
+        }
+    }
+
+    fn related_json(&self, parent: &str) -> Result<Vec<RelatedSelector>, PluginError> {
+        let call = Call::Related;
+        let wire = self
+            .invocation(call)
+            .run(|bindings, store| {
+                bindings
+                    .wasmop_plugin_reconciler()
+                    .call_related(store, parent)
+            })
+            .map_err(|kind| self.error(kind))?
+            .map_err(|message| self.failed(call, message))?;
+        let size: usize = wire
+            .iter()
+            .map(|s| s.api_version.len() + s.kind.len() + s.label_selector.len())
+            .sum();
+        self.check_size(call, size)?;
+        wire.into_iter()
+            .map(|s| {
+                RelatedSelector::from_wit(&self.inner.manifest, s).map_err(|p| {
+                    self.error(match p {
+                        SelectorProblem::Json(detail) => {
+                            PluginErrorKind::InvalidJson { call, detail }
+                        }
+                        SelectorProblem::Invalid(detail) => {
+                            PluginErrorKind::InvalidOutput { call, detail }
+                        }
+                    })
+                })
+            })
+            .collect()
+    }
+
+    fn reconcile_json(&self, request: &str) -> Result<WireResponse, PluginError> {
+        let call = Call::Reconcile;
+        let json = self
+            .invocation(call)
+            .run(|bindings, store| {
+                bindings
+                    .wasmop_plugin_reconciler()
+                    .call_reconcile(store, request)
+            })
+            .map_err(|kind| self.error(kind))?
+            .map_err(|message| self.failed(call, message))?;
+        self.check_size(call, json.len())?;
+        serde_json::from_str(&json).map_err(|e| {
+            self.error(PluginErrorKind::InvalidJson {
+                call,
+                detail: e.to_string(),
+            })
+        })
+    }
+
+    fn check_size(&self, call: Call, size: usize) -> Result<(), PluginError> {
+        let size = size as u64;
+        let limit = self.inner.limits.response_bytes;
+        if size > limit {
+            return Err(self.error(PluginErrorKind::ResponseTooLarge { call, size, limit }));
+        }
+        Ok(())
+    }
+}
+
+/// The caller's subscriber and span, to re-enter on a blocking thread: guest log lines then
+/// land where the caller's own events go, nested in its span.
+pub(crate) fn current_tracing() -> (tracing::Dispatch, tracing::Span) {
+    (
+        tracing::dispatcher::get_default(Clone::clone),
+        tracing::Span::current(),
+    )
+}

@@ -1,0 +1,306 @@
+//! Shared watches: one watch and one cache per resource type, however many plugins use it.
+//!
+//! A plugin's controller [`Hub::subscribe`]s to the kinds it needs and gets a [`Subscription`]:
+//! the shared [`Cache`] plus its own stream of [`Change`]s. The first subscriber starts the
+//! watch; dropping the last one stops it. Changes fan out over unbounded channels so a slow
+//! plugin never holds up the watch or the other plugins.
+//!
+//! Related kinds marked metadata-only are watched as `PartialObjectMetadata`: the cache then
+//! holds only `apiVersion`, `kind` and `metadata`. A kind watched both ways gets two watches.
+
+pub mod cache;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+
+use futures::StreamExt;
+use kube::api::{Api, ApiResource, DynamicObject, PartialObjectMeta, TypeMeta};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use tokio::sync::{mpsc, watch};
+
+pub use cache::{Cache, ObjKey, controller_uid, key_of};
+
+/// What changed in a watched resource type.
+#[derive(Debug, Clone)]
+pub enum Change {
+    /// An object was created or updated (or seen in a (re)list).
+    Applied(Arc<DynamicObject>),
+    /// An object is gone; this is its last known state.
+    Deleted(Arc<DynamicObject>),
+}
+
+impl Change {
+    /// The object concerned.
+    pub fn object(&self) -> &Arc<DynamicObject> {
+        match self {
+            Change::Applied(o) | Change::Deleted(o) => o,
+        }
+    }
+}
+
+/// Identifies one shared watch.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct WatchKey {
+    /// The resource type.
+    pub resource: ApiResource,
+    /// The namespace watched, `None` for all.
+    pub namespace: Option<String>,
+    /// Watch metadata only.
+    pub metadata_only: bool,
+}
+
+/// Starts and shares watches.
+#[derive(Clone)]
+pub struct Hub {
+    client: Client,
+    // Watch namespaced kinds in this namespace only (`--watch-namespace`).
+    namespace: Option<String>,
+    watches: Arc<Mutex<HashMap<WatchKey, Weak<SharedWatch>>>>,
+}
+
+struct SharedWatch {
+    key: WatchKey,
+    cache: Arc<Cache>,
+    subscribers: Mutex<Subscribers>,
+    synced: watch::Receiver<bool>,
+    task: tokio::task::AbortHandle,
+}
+
+#[derive(Default)]
+struct Subscribers {
+    next_id: u64,
+    senders: Vec<(u64, mpsc::UnboundedSender<Change>)>,
+}
+
+impl Drop for SharedWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+        tracing::debug!(kind = %self.key.resource.kind, "watch stopped");
+    }
+}
+
+/// One user's handle on a shared watch. Dropping it unsubscribes.
+pub struct Subscription {
+    watch: Arc<SharedWatch>,
+    id: u64,
+    /// Changes since subscribing, starting with every object already cached.
+    pub changes: mpsc::UnboundedReceiver<Change>,
+}
+
+impl Subscription {
+    /// The shared cache of this resource type.
+    pub fn cache(&self) -> &Arc<Cache> {
+        &self.watch.cache
+    }
+
+    /// The watched resource type.
+    pub fn resource(&self) -> &ApiResource {
+        &self.watch.key.resource
+    }
+
+    /// Waits until the first list has been cached.
+    pub async fn synced(&self) {
+        let mut rx = self.watch.synced.clone();
+        // The sender lives in the watch task, which only ends when the watch is dropped.
+        let _ = rx.wait_for(|s| *s).await;
+    }
+
+    /// True once the first list has been cached.
+    pub fn is_synced(&self) -> bool {
+        *self.watch.synced.borrow()
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let mut subs = self.watch.subscribers.lock().expect("subscribers lock");
+        subs.senders.retain(|(id, _)| *id != self.id);
+    }
+}
+
+impl Hub {
+    /// A hub that watches through `client`, in every namespace or only in `namespace`.
+    pub fn new(client: Client, namespace: Option<String>) -> Self {
+        Hub {
+            client,
+            namespace,
+            watches: Arc::default(),
+        }
+    }
+
+    /// Number of watches running now.
+    pub fn watch_count(&self) -> usize {
+        let map = self.watches.lock().expect("hub lock");
+        map.values().filter(|w| w.strong_count() > 0).count()
+    }
+
+    /// Subscribes to a resource type, starting its watch if nobody watches it yet.
+    pub fn subscribe(
+        &self,
+        resource: &ApiResource,
+        namespaced: bool,
+        metadata_only: bool,
+    ) -> Subscription {
+        let key = WatchKey {
+            resource: resource.clone(),
+            namespace: if namespaced {
+                self.namespace.clone()
+            } else {
+                None
+            },
+            metadata_only,
+        };
+        let mut map = self.watches.lock().expect("hub lock");
+        map.retain(|_, w| w.strong_count() > 0);
+        let shared = match map.get(&key).and_then(Weak::upgrade) {
+            Some(w) => w,
+            None => {
+                let w = self.start(key.clone());
+                map.insert(key, Arc::downgrade(&w));
+                w
+            }
+        };
+        drop(map);
+
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut subs = shared.subscribers.lock().expect("subscribers lock");
+        // Seed a late subscriber with what is cached; a fresh watch seeds it itself.
+        if *shared.synced.borrow() {
+            for obj in shared.cache.list(None, |_| true) {
+                let _ = tx.send(Change::Applied(obj));
+            }
+        }
+        let id = subs.next_id;
+        subs.next_id += 1;
+        subs.senders.push((id, tx));
+        drop(subs);
+        Subscription {
+            watch: shared,
+            id,
+            changes: rx,
+        }
+    }
+
+    fn start(&self, key: WatchKey) -> Arc<SharedWatch> {
+        let cache = Arc::new(Cache::default());
+        let (synced_tx, synced_rx) = watch::channel(false);
+        Arc::new_cyclic(|weak: &Weak<SharedWatch>| {
+            let task = tokio::spawn(run_watch(
+                self.client.clone(),
+                key.clone(),
+                cache.clone(),
+                weak.clone(),
+                synced_tx,
+            ));
+            SharedWatch {
+                key,
+                cache,
+                subscribers: Mutex::default(),
+                synced: synced_rx,
+                task: task.abort_handle(),
+            }
+        })
+    }
+}
+
+fn strip(mut obj: DynamicObject) -> Arc<DynamicObject> {
+    obj.managed_fields_mut().clear();
+    Arc::new(obj)
+}
+
+fn broadcast(watch: &Weak<SharedWatch>, changes: impl IntoIterator<Item = Change>) {
+    let Some(watch) = watch.upgrade() else { return };
+    let mut subs = watch.subscribers.lock().expect("subscribers lock");
+    for change in changes {
+        subs.senders
+            .retain(|(_, tx)| tx.send(change.clone()).is_ok());
+    }
+}
+
+async fn run_watch(
+    client: Client,
+    key: WatchKey,
+    cache: Arc<Cache>,
+    me: Weak<SharedWatch>,
+    synced: watch::Sender<bool>,
+) {
+    let kind = key.resource.kind.clone();
+    tracing::debug!(%kind, metadata_only = key.metadata_only, "watch started");
+    let config = watcher::Config::default().any_semantic();
+    let types = TypeMeta {
+        api_version: key.resource.api_version.clone(),
+        kind: key.resource.kind.clone(),
+    };
+    let events = if key.metadata_only {
+        let api = match &key.namespace {
+            Some(ns) => {
+                Api::<PartialObjectMeta<DynamicObject>>::namespaced_with(client, ns, &key.resource)
+            }
+            None => Api::all_with(client, &key.resource),
+        };
+        watcher(api, config)
+            .default_backoff()
+            .map(move |ev| ev.map(|e| e.map_to_dynamic(&types)))
+            .boxed()
+    } else {
+        let api = match &key.namespace {
+            Some(ns) => Api::<DynamicObject>::namespaced_with(client, ns, &key.resource),
+            None => Api::all_with(client, &key.resource),
+        };
+        watcher(api, config).default_backoff().boxed()
+    };
+    let mut events = std::pin::pin!(events);
+    let mut relist: Vec<Arc<DynamicObject>> = Vec::new();
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(watcher::Event::Init) => relist.clear(),
+            Ok(watcher::Event::InitApply(obj)) => relist.push(strip(obj)),
+            Ok(watcher::Event::InitDone) => {
+                let listed = std::mem::take(&mut relist);
+                let applied: Vec<Change> = listed.iter().cloned().map(Change::Applied).collect();
+                let gone = cache.replace(listed);
+                synced.send_replace(true);
+                broadcast(
+                    &me,
+                    applied
+                        .into_iter()
+                        .chain(gone.into_iter().map(Change::Deleted)),
+                );
+            }
+            Ok(watcher::Event::Apply(obj)) => {
+                let obj = strip(obj);
+                cache.apply(obj.clone());
+                broadcast(&me, [Change::Applied(obj)]);
+            }
+            Ok(watcher::Event::Delete(obj)) => {
+                let obj = strip(obj);
+                let last = cache.delete(&key_of(&obj)).unwrap_or(obj);
+                broadcast(&me, [Change::Deleted(last)]);
+            }
+            Err(err) => tracing::warn!(%kind, error = %err, "watch failed; retrying with backoff"),
+        }
+    }
+}
+
+/// Turns metadata-only watch events into [`DynamicObject`]s with empty bodies.
+trait MapToDynamic {
+    fn map_to_dynamic(self, types: &TypeMeta) -> watcher::Event<DynamicObject>;
+}
+
+impl MapToDynamic for watcher::Event<PartialObjectMeta<DynamicObject>> {
+    fn map_to_dynamic(self, types: &TypeMeta) -> watcher::Event<DynamicObject> {
+        let convert = |p: PartialObjectMeta<DynamicObject>| DynamicObject {
+            types: Some(types.clone()),
+            metadata: p.metadata,
+            data: serde_json::Value::Object(Default::default()),
+        };
+        match self {
+            watcher::Event::Init => watcher::Event::Init,
+            watcher::Event::InitDone => watcher::Event::InitDone,
+            watcher::Event::InitApply(p) => watcher::Event::InitApply(convert(p)),
+            watcher::Event::Apply(p) => watcher::Event::Apply(convert(p)),
+            watcher::Event::Delete(p) => watcher::Event::Delete(convert(p)),
+        }
+    }
+}

@@ -1,0 +1,600 @@
+//! The sandbox against real components: adversarial guests built from `tests/guests/` and the
+//! Memcached plugin. Every failure must come out as its own error kind, and the plugin must
+//! serve a normal call right after.
+
+#[path = "common/guests.rs"]
+mod guests;
+
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use wasmop::gather::{self, ObjectList};
+use wasmop::sandbox::{
+    Call, KindRef, Limits, Plugin, PluginError, PluginErrorKind, Sandbox, SandboxConfig,
+};
+use wasmop::validate::{self, Scope, Target, ValidationError};
+use wasmop_guest::wire::WireRequest;
+
+/// Test limits: short enough to keep the suite fast.
+const LIMITS: Limits = Limits {
+    deadline: Duration::from_millis(300),
+    memory_bytes: 32 << 20,
+    response_bytes: 1 << 20,
+};
+
+fn sandbox() -> &'static Sandbox {
+    static SANDBOX: OnceLock<Sandbox> = OnceLock::new();
+    SANDBOX.get_or_init(|| {
+        Sandbox::new(SandboxConfig {
+            max_instances: 8,
+            cache_dir: None,
+        })
+        .expect("sandbox")
+    })
+}
+
+fn adversarial() -> Plugin {
+    let wasm = guests::read(&guests::guests().adversarial);
+    sandbox()
+        .load_blocking(&wasm, LIMITS)
+        .expect("adversarial loads")
+}
+
+fn parent(mode: &str) -> Value {
+    json!({
+        "apiVersion": "test.wasmop.io/v1", "kind": "Probe",
+        "metadata": {"name": "probe", "namespace": "ns", "uid": "u-1"},
+        "spec": {"mode": mode}
+    })
+}
+
+fn request(mode: &str) -> WireRequest {
+    WireRequest {
+        parent: parent("normal"),
+        settings: json!({"mode": mode}),
+        ..WireRequest::default()
+    }
+}
+
+fn reconcile_err(plugin: &Plugin, mode: &str) -> PluginError {
+    let err = plugin
+        .reconcile_blocking(&request(mode))
+        .expect_err("the call should fail");
+    assert_eq!(err.plugin, "adversarial");
+    assert_eq!(err.digest, plugin.digest());
+    err
+}
+
+/// The plugin still answers a normal call.
+fn assert_still_works(plugin: &Plugin) {
+    let resp = plugin
+        .reconcile_blocking(&request("normal"))
+        .expect("a normal call after a failure");
+    assert_eq!(resp.children.len(), 1);
+    assert_eq!(resp.status.unwrap()["mode"], "normal");
+}
+
+#[test]
+fn loads_and_answers() {
+    let plugin = adversarial();
+    let m = plugin.manifest();
+    assert_eq!(m.name, "adversarial");
+    assert_eq!(m.parent, KindRef::new("test.wasmop.io/v1", "Probe"));
+    assert!(plugin.digest().starts_with("sha256:") && plugin.digest().len() == 71);
+    assert_eq!(
+        plugin.size(),
+        guests::read(&guests::guests().adversarial).len()
+    );
+    assert_eq!(plugin.limits(), &LIMITS);
+
+    let selectors = plugin.related_blocking(&parent("normal")).unwrap();
+    assert_eq!(selectors.len(), 1);
+    assert_eq!(selectors[0].kind, KindRef::new("v1", "Pod"));
+    assert_eq!(
+        selectors[0].selector.match_labels.as_ref().unwrap()["app"],
+        "probe"
+    );
+    assert_still_works(&plugin);
+}
+
+#[test]
+fn infinite_loop_hits_the_deadline() {
+    let plugin = adversarial();
+    let start = Instant::now();
+    let err = reconcile_err(&plugin, "loop");
+    let took = start.elapsed();
+    assert_eq!(
+        err.kind,
+        PluginErrorKind::DeadlineExceeded {
+            call: Call::Reconcile,
+            limit: LIMITS.deadline
+        }
+    );
+    assert_eq!(err.reason(), "DeadlineExceeded");
+    assert!(took >= LIMITS.deadline, "interrupted after {took:?}");
+    assert!(took < Duration::from_secs(10), "interrupted after {took:?}");
+    assert!(
+        err.to_string().starts_with("plugin adversarial (sha256:"),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .ends_with("deadline of 300ms exceeded in reconcile"),
+        "{err}"
+    );
+    assert_still_works(&plugin);
+}
+
+#[test]
+fn loop_in_related_hits_the_deadline() {
+    let plugin = adversarial();
+    let err = plugin.related_blocking(&parent("loop")).unwrap_err();
+    assert!(
+        matches!(
+            err.kind,
+            PluginErrorKind::DeadlineExceeded {
+                call: Call::Related,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_still_works(&plugin);
+}
+
+#[test]
+fn memory_bomb_hits_the_cap() {
+    let plugin = adversarial();
+    let err = reconcile_err(&plugin, "memory");
+    assert_eq!(
+        err.kind,
+        PluginErrorKind::MemoryCap {
+            call: Call::Reconcile,
+            limit: LIMITS.memory_bytes
+        },
+        "{err}"
+    );
+    assert_eq!(err.reason(), "MemoryLimitExceeded");
+    assert!(
+        err.to_string().contains("memory limit of 32 MiB exceeded"),
+        "{err}"
+    );
+    assert_still_works(&plugin);
+}
+
+#[test]
+fn panic_is_a_trap_with_the_guest_message() {
+    let plugin = adversarial();
+    let err = reconcile_err(&plugin, "panic");
+    let PluginErrorKind::Trap {
+        call,
+        guest_message,
+        ..
+    } = &err.kind
+    else {
+        panic!("expected a trap, got {err}");
+    };
+    assert_eq!(*call, Call::Reconcile);
+    let guest = guest_message.as_deref().unwrap_or_default();
+    assert!(
+        guest.starts_with("the guest panicked on purpose at "),
+        "{guest}"
+    );
+    assert!(guest.contains("src/lib.rs:"), "{guest}");
+    assert_eq!(err.reason(), "PluginTrapped");
+    assert_still_works(&plugin);
+}
+
+#[test]
+fn abort_keeps_the_stderr_tail() {
+    let plugin = adversarial();
+    let err = reconcile_err(&plugin, "abort");
+    let PluginErrorKind::Trap { guest_message, .. } = &err.kind else {
+        panic!("expected a trap, got {err}");
+    };
+    assert_eq!(
+        guest_message.as_deref(),
+        Some("about to abort without a panic message")
+    );
+    assert_still_works(&plugin);
+}
+
+#[test]
+fn stack_overflow_is_a_trap() {
+    let plugin = adversarial();
+    let err = reconcile_err(&plugin, "stack");
+    // Rust's shadow stack lives in linear memory: running off it is an out-of-bounds access
+    // (or a wasm stack overflow, depending on frame sizes). A trap either way.
+    assert!(matches!(err.kind, PluginErrorKind::Trap { .. }), "{err}");
+    assert_still_works(&plugin);
+}
+
+#[test]
+fn huge_response_is_refused_before_parsing() {
+    let plugin = adversarial();
+    let mut req = request("huge");
+    req.settings["bytes"] = json!(2 << 20);
+    let err = plugin.reconcile_blocking(&req).unwrap_err();
+    let PluginErrorKind::ResponseTooLarge { call, size, limit } = err.kind else {
+        panic!("expected ResponseTooLarge, got {err}");
+    };
+    assert_eq!((call, limit), (Call::Reconcile, LIMITS.response_bytes));
+    assert!(size > 2 << 20, "{size}");
+    assert_eq!(err.reason(), "ResponseTooLarge");
+    assert_still_works(&plugin);
+}
+
+#[test]
+fn invalid_json_is_reported() {
+    let plugin = adversarial();
+    let err = reconcile_err(&plugin, "invalid-json");
+    assert!(
+        matches!(
+            err.kind,
+            PluginErrorKind::InvalidJson {
+                call: Call::Reconcile,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let err = plugin
+        .related_blocking(&parent("invalid-json"))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err.kind,
+            PluginErrorKind::InvalidJson {
+                call: Call::Related,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_still_works(&plugin);
+}
+
+#[test]
+fn guest_errors_are_plugin_failures() {
+    let plugin = adversarial();
+    let err = reconcile_err(&plugin, "fail");
+    assert_eq!(
+        err.kind,
+        PluginErrorKind::PluginFailed {
+            call: Call::Reconcile,
+            message: "the guest says no".into()
+        }
+    );
+    assert_eq!(err.reason(), "PluginFailed");
+    let err = plugin.related_blocking(&parent("fail")).unwrap_err();
+    assert!(matches!(
+        err.kind,
+        PluginErrorKind::PluginFailed {
+            call: Call::Related,
+            ..
+        }
+    ));
+    assert_still_works(&plugin);
+}
+
+#[test]
+fn selector_for_an_undeclared_kind_is_refused() {
+    let plugin = adversarial();
+    let err = plugin.related_blocking(&parent("undeclared")).unwrap_err();
+    let PluginErrorKind::InvalidOutput { call, detail } = &err.kind else {
+        panic!("expected InvalidOutput, got {err}");
+    };
+    assert_eq!(*call, Call::Related);
+    assert!(detail.contains("v1 Secret"), "{detail}");
+    assert_still_works(&plugin);
+}
+
+#[test]
+fn log_flood_is_bounded_and_the_call_succeeds() {
+    let plugin = adversarial();
+    let resp = plugin.reconcile_blocking(&request("log-flood")).unwrap();
+    assert_eq!(resp.status.unwrap()["mode"], "log-flood");
+}
+
+/// Children the host must refuse, through the same `validate` the controller uses.
+fn validation_error(mode: &str) -> ValidationError {
+    let plugin = adversarial();
+    let parent = parent("normal");
+    let resp = plugin.reconcile_blocking(&request(mode)).unwrap();
+    let err = validate::validate(
+        &Target {
+            manifest: plugin.manifest(),
+            parent: &parent,
+            scope_of: &|_| None,
+            parent_scope: Scope::Namespaced,
+        },
+        resp,
+    )
+    .expect_err("validation should fail");
+    assert_still_works(&plugin);
+    err
+}
+
+#[test]
+fn child_in_another_namespace_is_refused() {
+    let err = validation_error("other-namespace");
+    assert_eq!(err.violations.len(), 1, "{err}");
+    assert_eq!(err.violations[0].subject, "child #0 (v1 ConfigMap probe)");
+    assert!(
+        err.violations[0]
+            .rule
+            .contains("\"elsewhere\" is not the parent's"),
+        "{err}"
+    );
+}
+
+#[test]
+fn undeclared_child_kind_is_refused() {
+    let err = validation_error("undeclared");
+    assert_eq!(err.violations.len(), 1, "{err}");
+    assert!(
+        err.violations[0]
+            .rule
+            .contains("v1 Secret is not a child kind"),
+        "{err}"
+    );
+}
+
+#[test]
+fn forged_owner_reference_is_refused() {
+    let err = validation_error("owner-ref");
+    assert_eq!(err.violations.len(), 1, "{err}");
+    assert!(
+        err.violations[0]
+            .rule
+            .contains("the host sets owner references itself"),
+        "{err}"
+    );
+}
+
+#[test]
+fn wrong_interface_version_fails_at_load() {
+    let wasm = guests::read(&guests::guests().wrong_version);
+    let err = sandbox().load_blocking(&wasm, LIMITS).unwrap_err();
+    let PluginErrorKind::WrongInterface(detail) = &err.kind else {
+        panic!("expected WrongInterface, got {err}");
+    };
+    assert!(
+        detail.contains("wasmop:plugin/reconciler@0.1.0"),
+        "{detail}"
+    );
+    assert_eq!(err.plugin, "<unknown>");
+    assert_eq!(err.reason(), "WrongInterface");
+}
+
+#[test]
+fn core_modules_and_garbage_are_not_components() {
+    // The smallest valid core module: magic and version 1.
+    let core = b"\0asm\x01\0\0\0";
+    let err = sandbox().load_blocking(core, LIMITS).unwrap_err();
+    let PluginErrorKind::NotAComponent(detail) = &err.kind else {
+        panic!("expected NotAComponent, got {err}");
+    };
+    assert!(detail.contains("core WebAssembly module"), "{detail}");
+
+    let err = sandbox()
+        .load_blocking(b"#!/bin/sh\necho not wasm\n", LIMITS)
+        .unwrap_err();
+    assert!(
+        matches!(err.kind, PluginErrorKind::NotAComponent(_)),
+        "{err}"
+    );
+    assert_eq!(err.reason(), "NotAComponent");
+
+    // A component header followed by nonsense.
+    let mut broken = guests::read(&guests::guests().adversarial);
+    broken.truncate(broken.len() / 2);
+    let err = sandbox().load_blocking(&broken, LIMITS).unwrap_err();
+    assert!(
+        matches!(err.kind, PluginErrorKind::NotAComponent(_)),
+        "{err}"
+    );
+}
+
+#[test]
+fn bad_manifest_is_refused_at_load() {
+    let wasm = guests::read(&guests::guests().bad_manifest);
+    let err = sandbox().load_blocking(&wasm, LIMITS).unwrap_err();
+    let PluginErrorKind::InvalidManifest(detail) = &err.kind else {
+        panic!("expected InvalidManifest, got {err}");
+    };
+    assert!(detail.contains("name \"Bad_Name\""), "{detail}");
+    assert!(detail.contains("is the parent kind"), "{detail}");
+    assert_eq!(err.plugin, "Bad_Name");
+}
+
+#[test]
+fn async_calls_run_concurrently_on_a_small_pool() {
+    let sandbox = Sandbox::new(SandboxConfig {
+        max_instances: 2,
+        cache_dir: None,
+    })
+    .unwrap();
+    let wasm = guests::read(&guests::guests().adversarial);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let plugin = sandbox.load(wasm, LIMITS).await.unwrap();
+        let calls = (0..16).map(|i| {
+            let plugin = plugin.clone();
+            let mode = if i % 4 == 0 { "panic" } else { "normal" };
+            async move { (mode, plugin.reconcile(&request(mode)).await) }
+        });
+        for (mode, result) in futures::future::join_all(calls).await {
+            match mode {
+                "panic" => assert!(matches!(
+                    result.unwrap_err().kind,
+                    PluginErrorKind::Trap { .. }
+                )),
+                _ => assert_eq!(result.unwrap().children.len(), 1),
+            }
+        }
+        let selectors = plugin.related(&parent("normal")).await.unwrap();
+        assert_eq!(selectors.len(), 1);
+    });
+}
+
+/// A `tracing` writer into a shared buffer.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn guest_logs_land_in_the_callers_span() {
+    let plugin = adversarial();
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::TRACE)
+        .finish();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    tracing::subscriber::with_default(subscriber, || {
+        let span = tracing::info_span!("reconcile_probe", object = "ns/probe");
+        let _entered = span.enter();
+        runtime.block_on(plugin.reconcile(&request("log"))).unwrap();
+        plugin.reconcile_blocking(&request("log")).unwrap();
+    });
+    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("hello from the guest"))
+        .collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    for line in lines {
+        assert!(line.contains("WARN"), "{line}");
+        assert!(
+            line.contains("reconcile_probe{object=\"ns/probe\"}"),
+            "{line}"
+        );
+        assert!(line.contains("wasmop::plugin"), "{line}");
+        assert!(line.contains("adversarial"), "{line}");
+    }
+}
+
+#[test]
+fn disk_cache_survives_restarts_and_corruption() {
+    let dir = std::env::temp_dir().join(format!("wasmop-sandbox-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let config = SandboxConfig {
+        max_instances: 2,
+        cache_dir: Some(dir.clone()),
+    };
+    let wasm = guests::read(&guests::guests().adversarial);
+    let first = Sandbox::new(config.clone()).unwrap();
+    let plugin = first.load_blocking(&wasm, LIMITS).unwrap();
+    let hex = &plugin.digest()["sha256:".len()..];
+
+    let engine_dirs: Vec<_> = std::fs::read_dir(dir.join("components"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(engine_dirs.len(), 1);
+    let artifact = engine_dirs[0].join(format!("{hex}.cwasm"));
+    let checksum = engine_dirs[0].join(format!("{hex}.cwasm.sha256"));
+    assert!(artifact.is_file() && checksum.is_file());
+
+    // A new engine of the same configuration reads the artifact back.
+    let second = Sandbox::new(config.clone()).unwrap();
+    assert_still_works(&second.load_blocking(&wasm, LIMITS).unwrap());
+
+    // A flipped byte fails the checksum: the plugin is recompiled and the file rewritten.
+    let mut bytes = std::fs::read(&artifact).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xff;
+    std::fs::write(&artifact, &bytes).unwrap();
+    let third = Sandbox::new(config).unwrap();
+    assert_still_works(&third.load_blocking(&wasm, LIMITS).unwrap());
+    assert_ne!(
+        std::fs::read(&artifact).unwrap(),
+        bytes,
+        "artifact rewritten"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn memcached_reconciles_a_cr_with_three_pods() {
+    let wasm = guests::read(guests::memcached());
+    let plugin = sandbox().load_blocking(&wasm, Limits::default()).unwrap();
+    let m = plugin.manifest();
+    assert_eq!(m.name, "memcached");
+    assert_eq!(
+        m.parent,
+        KindRef::new("cache.example.com/v1alpha1", "Memcached")
+    );
+
+    let cr = json!({
+        "apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
+        "metadata": {"name": "mc", "namespace": "demo", "uid": "u-mc", "generation": 2},
+        "spec": {"size": 3}
+    });
+    let selectors = plugin.related_blocking(&cr).unwrap();
+    assert_eq!(selectors.len(), 1);
+    let labels = selectors[0].selector.match_labels.clone().unwrap();
+    let mut observed: Vec<Value> = ["mc-c", "mc-a", "mc-b"]
+        .iter()
+        .map(|name| {
+            json!({"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {"name": name, "namespace": "demo", "labels": labels},
+                   "spec": {"containers": [{"name": "memcached", "image": "memcached"}]}})
+        })
+        .collect();
+    // A pod of another Memcached is not gathered.
+    observed.push(json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "other-0", "namespace": "demo",
+                     "labels": {"app": "memcached", "memcached_cr": "other"}}}));
+
+    let req = gather::request(
+        m,
+        &cr,
+        Scope::Namespaced,
+        &selectors,
+        &ObjectList::new(observed),
+        &Value::Null,
+        false,
+    );
+    assert_eq!(req.related["Pod.v1"].len(), 3);
+    let resp = plugin.reconcile_blocking(&req).unwrap();
+    let validated = validate::validate(
+        &Target {
+            manifest: m,
+            parent: &cr,
+            scope_of: &|_| None,
+            parent_scope: Scope::Namespaced,
+        },
+        resp,
+    )
+    .unwrap();
+    assert_eq!(validated.children.len(), 1);
+    let deployment = &validated.children[0];
+    assert_eq!(deployment["kind"], "Deployment");
+    assert_eq!(deployment["metadata"]["name"], "mc");
+    assert_eq!(deployment["metadata"]["namespace"], "demo");
+    assert_eq!(deployment["spec"]["replicas"], 3);
+    let status = validated.status.unwrap();
+    assert_eq!(status["nodes"], json!(["mc-a", "mc-b", "mc-c"]));
+    assert_eq!(validated.events[0].reason, "Created");
+}

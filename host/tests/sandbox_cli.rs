@@ -1,0 +1,217 @@
+//! `wasmop render` and `wasmop inspect`, run as the built binary on the Memcached plugin and
+//! the sample in `deploy/samples/`.
+
+#[path = "common/guests.rs"]
+mod guests;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+fn wasmop(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_wasmop"))
+        .args(args)
+        // Keep the user's artifact cache out of it.
+        .env("XDG_CACHE_HOME", scratch("xdg"))
+        .output()
+        .expect("running wasmop")
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("wasmop-cli-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn stdout(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "wasmop failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+fn documents(yaml: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(yaml)
+        .map(|doc| Value::deserialize(doc).unwrap())
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn sample() -> PathBuf {
+    guests::workspace_root().join("deploy/samples/memcached.yaml")
+}
+
+fn path_str(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// One line on stderr, `error: …`, a non-zero exit, nothing on stdout.
+fn assert_one_line_error(out: &Output, needles: &[&str]) {
+    assert!(!out.status.success());
+    let stderr = String::from_utf8(out.stderr.clone()).unwrap();
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.starts_with("error: "), "{stderr}");
+    for needle in needles {
+        assert!(stderr.contains(needle), "{needle:?} not in {stderr}");
+    }
+    assert!(!stderr.contains("backtrace"), "{stderr}");
+    assert!(out.stdout.is_empty());
+}
+
+#[test]
+fn render_memcached_sample_with_pods() {
+    let plugin = guests::memcached();
+    let sample_yaml: Value =
+        serde_yaml::from_str(&std::fs::read_to_string(sample()).unwrap()).unwrap();
+    let name = sample_yaml["metadata"]["name"].as_str().unwrap().to_owned();
+    let namespace = sample_yaml["metadata"]["namespace"]
+        .as_str()
+        .unwrap_or("default")
+        .to_owned();
+    let size = sample_yaml["spec"]["size"].as_i64().unwrap();
+
+    // Three pods in one multi-document file, one unrelated pod in a second file.
+    let observed = scratch("observed");
+    let pods: Vec<String> = (0..3)
+        .map(|i| {
+            serde_yaml::to_string(&json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": format!("{name}-{i}"), "namespace": namespace,
+                             "labels": {"app": "memcached", "memcached_cr": name}},
+            }))
+            .unwrap()
+        })
+        .collect();
+    std::fs::write(observed.join("pods.yaml"), pods.join("---\n")).unwrap();
+    std::fs::write(
+        observed.join("other.json"),
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": "stray", "namespace": namespace, "labels": {"app": "web"}}})
+        .to_string(),
+    )
+    .unwrap();
+    std::fs::write(observed.join("notes.txt"), "ignored").unwrap();
+
+    let out = wasmop(&[
+        "render",
+        "--plugin",
+        path_str(plugin),
+        "--parent",
+        path_str(&sample()),
+        "--observed",
+        path_str(&observed),
+    ]);
+    let text = stdout(&out);
+    assert!(
+        text.starts_with("# wasmop render: plugin memcached "),
+        "{text}"
+    );
+    let docs = documents(&text);
+    assert!(docs.len() >= 2, "{text}");
+
+    let deployment = &docs[0];
+    assert_eq!(deployment["kind"], "Deployment");
+    assert_eq!(deployment["metadata"]["name"], name.as_str());
+    assert_eq!(deployment["metadata"]["namespace"], namespace.as_str());
+    assert_eq!(deployment["spec"]["replicas"], size);
+    assert!(deployment["metadata"].get("ownerReferences").is_none());
+
+    let result = &docs[1];
+    assert_eq!(result["apiVersion"], "render.wasmop.io/v1");
+    assert_eq!(result["kind"], "Result");
+    let nodes: Vec<String> = (0..3).map(|i| format!("{name}-{i}")).collect();
+    assert_eq!(result["status"]["nodes"], json!(nodes));
+
+    let events: Vec<&Value> = docs[2..].iter().filter(|d| d["kind"] == "Event").collect();
+    assert_eq!(events.len(), 1, "{text}");
+    assert_eq!(events[0]["reason"], "Created");
+    assert_eq!(events[0]["type"], "Normal");
+}
+
+#[test]
+fn inspect_memcached() {
+    let plugin = guests::memcached();
+    let text = stdout(&wasmop(&["inspect", path_str(plugin)]));
+    let report: Value = serde_yaml::from_str(&text).unwrap();
+    let size = std::fs::metadata(plugin).unwrap().len();
+    assert_eq!(report["size"], size);
+    let gzip = report["sizeGzip"].as_u64().unwrap();
+    assert!(gzip > 0 && gzip < size, "{gzip} vs {size}");
+    assert!(report["digest"].as_str().unwrap().starts_with("sha256:"));
+    assert_eq!(report["manifest"]["name"], "memcached");
+    assert_eq!(report["manifest"]["parent"]["kind"], "Memcached");
+    assert_eq!(report["manifest"]["children"][0]["kind"], "Deployment");
+    assert_eq!(report["manifest"]["related"][0]["metadataOnly"], true);
+}
+
+#[test]
+fn missing_files_are_one_line_errors() {
+    let out = wasmop(&["inspect", "/nonexistent/plugin.wasm"]);
+    assert_one_line_error(&out, &["reading plugin /nonexistent/plugin.wasm"]);
+
+    let plugin = guests::memcached();
+    let out = wasmop(&[
+        "render",
+        "--plugin",
+        path_str(plugin),
+        "--parent",
+        "/nonexistent/cr.yaml",
+    ]);
+    assert_one_line_error(&out, &["/nonexistent/cr.yaml"]);
+}
+
+#[test]
+fn garbage_modules_are_one_line_errors() {
+    let garbage = scratch("garbage").join("garbage.wasm");
+    std::fs::write(&garbage, b"this is not wasm").unwrap();
+    let out = wasmop(&["inspect", path_str(&garbage)]);
+    assert_one_line_error(
+        &out,
+        &[
+            "loading plugin",
+            "garbage.wasm",
+            "not a loadable WebAssembly component",
+        ],
+    );
+
+    let out = wasmop(&[
+        "render",
+        "--plugin",
+        path_str(&garbage),
+        "--parent",
+        path_str(&sample()),
+    ]);
+    assert_one_line_error(
+        &out,
+        &["garbage.wasm", "not a loadable WebAssembly component"],
+    );
+}
+
+#[test]
+fn a_parent_of_another_kind_is_refused() {
+    let plugin = guests::memcached();
+    let parent = scratch("parent").join("cm.yaml");
+    std::fs::write(
+        &parent,
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: x\n",
+    )
+    .unwrap();
+    let out = wasmop(&[
+        "render",
+        "--plugin",
+        path_str(plugin),
+        "--parent",
+        path_str(&parent),
+    ]);
+    assert_one_line_error(
+        &out,
+        &[
+            "v1 ConfigMap",
+            "reconciles cache.example.com/v1alpha1 Memcached",
+        ],
+    );
+}

@@ -1,0 +1,250 @@
+//! What every end-to-end test needs: the shared control plane, its own namespace, the CRDs,
+//! plugin ConfigMaps, Memcached objects, and the host as a real process.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Client;
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use kube::core::GroupVersionKind;
+use serde_json::{Value, json};
+use testenv::TestNamespace;
+
+#[path = "../../host/tests/common/guests.rs"]
+pub mod guests;
+
+/// Generous: the control plane shares two cores with the build and the other tests.
+pub const TIMEOUT: Duration = Duration::from_secs(120);
+
+/// One test's world.
+pub struct Env {
+    pub client: Client,
+    pub kubeconfig: PathBuf,
+    pub ns: TestNamespace,
+}
+
+impl Env {
+    /// The shared plane, the CRDs installed, and a fresh namespace named after the test.
+    pub async fn new(test: &str) -> Env {
+        let cluster = testenv::shared().await.expect("control plane");
+        let client = cluster.client().await.expect("client");
+        install_crds(&client).await;
+        let ns = testenv::namespace(&client, test).await.expect("namespace");
+        Env {
+            client,
+            kubeconfig: cluster.kubeconfig_path().to_path_buf(),
+            ns,
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        self.ns.name()
+    }
+
+    /// Memcached objects in this namespace.
+    pub fn memcacheds(&self) -> Api<DynamicObject> {
+        Api::namespaced_with(self.client.clone(), self.name(), &memcached_resource())
+    }
+
+    /// Creates or updates a plugin ConfigMap (server-side apply, so both work).
+    pub async fn put_plugin(&self, name: &str, wasm: &[u8], settings: Option<&str>) {
+        let cm = plugin_configmap(name, wasm, settings);
+        let api: Api<ConfigMap> = self.ns.api();
+        api.patch(name, &PatchParams::apply("e2e").force(), &Patch::Apply(&cm))
+            .await
+            .expect("apply plugin ConfigMap");
+    }
+
+    /// Creates or updates `Memcached/name` with `spec.size = size`.
+    pub async fn put_memcached(&self, name: &str, size: i64) {
+        let obj = json!({
+            "apiVersion": "cache.example.com/v1alpha1",
+            "kind": "Memcached",
+            "metadata": {"name": name},
+            "spec": {"size": size},
+        });
+        self.memcacheds()
+            .patch(
+                name,
+                &PatchParams::apply("e2e").force(),
+                &Patch::Apply(&obj),
+            )
+            .await
+            .expect("apply Memcached");
+    }
+
+    /// Waits until `status.nodes` of `Memcached/name` lists `n` pods; returns them.
+    pub async fn wait_nodes(&self, name: &str, n: usize) -> Vec<String> {
+        let api = self.memcacheds();
+        testenv::wait_until(
+            &format!(
+                "Memcached {}/{name} to list {n} nodes in its status",
+                self.name()
+            ),
+            TIMEOUT,
+            || async { api.get(name).await.map(|o| o.data["status"].clone()) },
+            |status| status["nodes"].as_array().is_some_and(|a| a.len() == n),
+        )
+        .await
+        .expect("status.nodes")["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_string())
+            .collect()
+    }
+
+    /// Starts the host on this namespace (plugins and parents both live here).
+    pub fn start_host(&self) -> Host {
+        Host::start(&self.kubeconfig, self.name())
+    }
+}
+
+pub fn memcached_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("cache.example.com", "v1alpha1", "Memcached"),
+        "memcacheds",
+    )
+}
+
+/// A plugin ConfigMap as a user would make it with `kubectl create configmap --from-file`.
+pub fn plugin_configmap(name: &str, wasm: &[u8], settings: Option<&str>) -> Value {
+    use base64::Engine;
+    let mut cm = json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "labels": {"wasmop.io/plugin": ""}},
+        "binaryData": {format!("{name}.wasm"): base64::engine::general_purpose::STANDARD.encode(wasm)},
+    });
+    if let Some(s) = settings {
+        cm["data"] = json!({"settings.yaml": s});
+    }
+    cm
+}
+
+/// Applies every CRD in `deploy/crds/` and a test-only `Probe` kind, and waits until served.
+async fn install_crds(client: &Client) {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let dir = guests::workspace_root().join("deploy/crds");
+    let mut crds: Vec<CustomResourceDefinition> = Vec::new();
+    for entry in std::fs::read_dir(&dir).expect("deploy/crds") {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            use serde::Deserialize;
+            crds.push(CustomResourceDefinition::deserialize(doc).expect("a CRD"));
+        }
+    }
+    crds.push(serde_json::from_value(probe_crd()).unwrap());
+    for crd in &crds {
+        let name = crd.metadata.name.clone().unwrap();
+        api.patch(
+            &name,
+            &PatchParams::apply("e2e").force(),
+            &Patch::Apply(crd),
+        )
+        .await
+        .expect("apply CRD");
+        testenv::wait_until(
+            &format!("CRD {name} to be established"),
+            TIMEOUT,
+            || async { api.get(&name).await.map(|c| c.status) },
+            |s| {
+                s.as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|c| {
+                        c.iter()
+                            .any(|c| c.type_ == "Established" && c.status == "True")
+                    })
+            },
+        )
+        .await
+        .expect("CRD established");
+    }
+}
+
+/// A minimal kind for the adversarial test plugin (`tests/guests/adversarial`).
+fn probe_crd() -> Value {
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "probes.test.wasmop.io"},
+        "spec": {
+            "group": "test.wasmop.io",
+            "names": {"kind": "Probe", "plural": "probes", "singular": "probe", "listKind": "ProbeList"},
+            "scope": "Namespaced",
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "subresources": {"status": {}},
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
+            }],
+        },
+    })
+}
+
+/// The host, `wasmop run`, as a real process; killed when dropped.
+pub struct Host {
+    child: Child,
+    pub log: PathBuf,
+}
+
+impl Host {
+    pub fn start(kubeconfig: &Path, namespace: &str) -> Host {
+        let dir = guests::workspace_root().join("target/e2e-logs");
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join(format!("{namespace}-{}.log", nanos()));
+        let file = std::fs::File::create(&log).unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_wasmop"));
+        cmd.args([
+            "run",
+            "--namespace",
+            namespace,
+            "--watch-namespace",
+            namespace,
+        ])
+        .env("KUBECONFIG", kubeconfig)
+        .env("RUST_LOG", "info,wasmop=debug")
+        .stdin(Stdio::null())
+        .stdout(file.try_clone().unwrap())
+        .stderr(file);
+        let child = testenv::spawn_tied(cmd).expect("start wasmop run");
+        Host { child, log }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The host's log so far, for assertion messages.
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGKILL, no goodbye.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// True while the process runs.
+    pub fn alive(&mut self) -> bool {
+        self.child.try_wait().ok().flatten().is_none()
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn nanos() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}

@@ -1,0 +1,125 @@
+//! Bad input loses nothing: a garbage module keeps the last good version running, and a
+//! plugin that traps on every call does not slow the others.
+
+use k8s_openapi::api::core::v1::Event;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use serde_json::json;
+
+use crate::common::{Env, TIMEOUT, guests};
+
+async fn events_for(env: &Env, kind: &str, name: &str) -> Vec<Event> {
+    let api: Api<Event> = env.ns.api();
+    api.list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.involved_object.kind.as_deref() == Some(kind)
+                && e.involved_object.name.as_deref() == Some(name)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn garbage_module_keeps_the_last_good_version() {
+    let env = Env::new("e2e-garbage").await;
+    let wasm = std::fs::read(guests::memcached()).unwrap();
+    env.put_plugin("memcached", &wasm, None).await;
+    let mut host = env.start_host();
+    env.put_memcached("cache", 1).await;
+    env.wait_nodes("cache", 1).await;
+
+    env.put_plugin("memcached", b"this is not webassembly", None)
+        .await;
+    let warning = testenv::wait_until(
+        "a Warning Event on the plugin ConfigMap",
+        TIMEOUT,
+        || async { Ok::<_, kube::Error>(events_for(&env, "ConfigMap", "memcached").await) },
+        |events| events.iter().any(|e| e.type_.as_deref() == Some("Warning")),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nhost log:\n{}", host.logs()));
+    let warning = warning
+        .iter()
+        .find(|e| e.type_.as_deref() == Some("Warning"))
+        .unwrap();
+    assert_eq!(warning.reason.as_deref(), Some("LoadFailed"));
+    let message = warning.message.clone().unwrap_or_default();
+    assert!(
+        message.contains("still running memcached"),
+        "the Event says the old version runs: {message}"
+    );
+
+    // The old version still reconciles.
+    env.put_memcached("cache", 2).await;
+    env.wait_nodes("cache", 2).await;
+    assert!(host.alive());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_trapping_plugin_does_not_disturb_the_others() {
+    let env = Env::new("e2e-two").await;
+    let memcached = std::fs::read(guests::memcached()).unwrap();
+    let adversarial = std::fs::read(&guests::guests().adversarial).unwrap();
+    env.put_plugin("memcached", &memcached, None).await;
+    env.put_plugin("adversarial", &adversarial, Some("mode: panic\n"))
+        .await;
+    let mut host = env.start_host();
+
+    let probes = Api::<kube::api::DynamicObject>::namespaced_with(
+        env.client.clone(),
+        env.name(),
+        &kube::api::ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk("test.wasmop.io", "v1", "Probe"),
+            "probes",
+        ),
+    );
+    let probe = json!({"apiVersion": "test.wasmop.io/v1", "kind": "Probe", "metadata": {"name": "p"}, "spec": {}});
+    probes
+        .patch("p", &PatchParams::apply("e2e"), &Patch::Apply(&probe))
+        .await
+        .unwrap();
+    env.put_memcached("cache", 3).await;
+    env.wait_nodes("cache", 3).await;
+
+    // The trapping plugin's parent says why it is not ready, and so does an Event.
+    let status = testenv::wait_until(
+        "Probe p to be marked Ready=False",
+        TIMEOUT,
+        || async { probes.get("p").await.map(|p| p.data["status"].clone()) },
+        |s| {
+            s["conditions"].as_array().is_some_and(|c| {
+                c.iter()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "False")
+            })
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nhost log:\n{}", host.logs()));
+    let ready = status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Ready")
+        .unwrap()
+        .clone();
+    assert_eq!(ready["reason"], "PluginTrapped", "{ready}");
+    assert!(
+        ready["message"]
+            .as_str()
+            .unwrap()
+            .contains("adversarial 0.1.0"),
+        "{ready}"
+    );
+    let events = events_for(&env, "Probe", "p").await;
+    assert!(
+        events.iter().any(|e| e.type_.as_deref() == Some("Warning")),
+        "{events:?}"
+    );
+
+    // Meanwhile memcached keeps serving.
+    env.put_memcached("cache", 1).await;
+    env.wait_nodes("cache", 1).await;
+    assert!(host.alive());
+}

@@ -1,0 +1,10 @@
+//! End-to-end tests: the `wasmop` binary as a real process against the local control plane
+//! (`tests/testenv`), with plugins loaded from ConfigMaps.
+//!
+//! Each test has its own namespace and its own host, restricted to that namespace with
+//! `--watch-namespace`, so the tests run side by side on one plane.
+
+mod common;
+mod failures;
+mod memcached;
+mod swap;

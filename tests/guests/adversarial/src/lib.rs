@@ -1,0 +1,155 @@
+//! A plugin that misbehaves on request, for the sandbox tests.
+//!
+//! `reconcile` reads `settings.mode` and `related` reads the parent's `spec.mode`; without a
+//! mode both behave. Written against the raw WIT bindings (not the SDK) so each failure is
+//! exactly the one asked for.
+
+use serde_json::{Value, json};
+
+wit_bindgen::generate!({
+    path: "../../../guest-sdk/wit",
+    world: "plugin",
+});
+
+use exports::wasmop::plugin::reconciler::{
+    Guest, KindRef, PluginManifest, RelatedKind, RelatedSelector,
+};
+use wasmop::plugin::host::{Level, log};
+
+struct Adversarial;
+
+impl Guest for Adversarial {
+    fn manifest() -> PluginManifest {
+        PluginManifest {
+            name: "adversarial".into(),
+            version: "0.1.0".into(),
+            parent: KindRef {
+                api_version: "test.wasmop.io/v1".into(),
+                kind: "Probe".into(),
+            },
+            children: vec![KindRef {
+                api_version: "v1".into(),
+                kind: "ConfigMap".into(),
+            }],
+            related: vec![RelatedKind {
+                api_version: "v1".into(),
+                kind: "Pod".into(),
+                metadata_only: true,
+            }],
+            finalizer: false,
+        }
+    }
+
+    fn related(parent: String) -> Result<Vec<RelatedSelector>, String> {
+        install_panic_hook();
+        let parent: Value = serde_json::from_str(&parent).map_err(|e| e.to_string())?;
+        let name = parent["metadata"]["name"].as_str().unwrap_or("unnamed");
+        let selector = |kind: &str, json: String| RelatedSelector {
+            api_version: "v1".into(),
+            kind: kind.into(),
+            label_selector: json,
+        };
+        match parent["spec"]["mode"].as_str().unwrap_or("normal") {
+            "undeclared" => Ok(vec![selector("Secret", "{}".into())]),
+            "invalid-json" => Ok(vec![selector("Pod", "{matchLabels".into())]),
+            "fail" => Err("related refuses".into()),
+            "loop" => spin(),
+            _ => Ok(vec![selector(
+                "Pod",
+                json!({"matchLabels": {"app": name}}).to_string(),
+            )]),
+        }
+    }
+
+    fn reconcile(request: String) -> Result<String, String> {
+        install_panic_hook();
+        let req: Value = serde_json::from_str(&request).map_err(|e| e.to_string())?;
+        let name = req["parent"]["metadata"]["name"]
+            .as_str()
+            .unwrap_or("unnamed")
+            .to_owned();
+        let mode = req["settings"]["mode"].as_str().unwrap_or("normal");
+        let mut child = json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": name},
+            "data": {"pods": req["related"]["Pod.v1"].as_object().map_or(0, |p| p.len()).to_string()},
+        });
+        match mode {
+            "loop" => spin(),
+            "memory" => hoard(),
+            "stack" => {
+                let depth = recurse(0);
+                return Err(format!("came back from recursion at depth {depth}"));
+            }
+            "panic" => panic!("the guest panicked on purpose"),
+            "abort" => {
+                eprintln!("about to abort without a panic message");
+                std::process::abort()
+            }
+            "fail" => return Err("the guest says no".into()),
+            "invalid-json" => return Ok("{\"children\": [".into()),
+            "huge" => {
+                let bytes = req["settings"]["bytes"].as_u64().unwrap_or(5 << 20) as usize;
+                child["data"]["blob"] = json!("x".repeat(bytes));
+            }
+            "other-namespace" => child["metadata"]["namespace"] = json!("elsewhere"),
+            "undeclared" => child["kind"] = json!("Secret"),
+            "owner-ref" => {
+                child["metadata"]["ownerReferences"] = json!([{
+                    "apiVersion": "v1", "kind": "Namespace", "name": "kube-system",
+                    "uid": "forged", "controller": true,
+                }]);
+            }
+            "log-flood" => {
+                for i in 0..20_000 {
+                    log(Level::Info, &format!("line {i}"));
+                }
+            }
+            "log" => log(Level::Warn, "hello from the guest"),
+            _ => {}
+        }
+        let resp = json!({
+            "children": [child],
+            "status": {"mode": mode, "children": req["children"]["ConfigMap.v1"].as_object().map_or(0, |c| c.len())},
+            "events": [{"type": "Normal", "reason": "Reconciled", "message": format!("mode {mode}")}],
+        });
+        Ok(resp.to_string())
+    }
+}
+
+/// Sends panics to the host's log the way the SDK does: `panic: <msg> at <file:line>`.
+fn install_panic_hook() {
+    std::panic::set_hook(Box::new(|info| {
+        let msg = info.payload_as_str().unwrap_or("a non-string panic");
+        let at = info
+            .location()
+            .map(|l| format!(" at {}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        log(Level::Error, &format!("panic: {msg}{at}"));
+    }));
+}
+
+fn spin() -> ! {
+    let mut n: u64 = 0;
+    loop {
+        n = std::hint::black_box(n.wrapping_add(1));
+    }
+}
+
+fn hoard() -> ! {
+    let mut hoard: Vec<Vec<u8>> = Vec::new();
+    loop {
+        hoard.push(std::hint::black_box(vec![1u8; 1 << 20]));
+    }
+}
+
+fn recurse(depth: u64) -> u64 {
+    let frame = std::hint::black_box([depth; 32]);
+    if frame[0] == u64::MAX {
+        return 0;
+    }
+    recurse(depth + 1) + frame[1]
+}
+
+export!(Adversarial);

@@ -1,0 +1,625 @@
+//! [`TestEnv`]: one control plane, started in order, checked, and stopped in reverse order.
+//!
+//! Start-up is etcd → kube-apiserver (until `/readyz` says ok) → kube-controller-manager →
+//! kube-scheduler → kwok → one fake Node, until it is Ready and its `not-ready` taint is gone
+//! → the `default` ServiceAccount exists. When [`TestEnv::start`] returns, a Deployment
+//! created right away gets Running pods.
+//!
+//! Every component listens on 127.0.0.1 only, on ports picked free at start, and writes its
+//! output to `<work dir>/<component>.log`; the work dir is under
+//! `$TMPDIR/wasmop-testenv/` and is removed on stop (kept after a failed start, for its
+//! logs). A work dir left by a killed process, or by a `static` plane that was never
+//! stopped, is removed by the next start (each live plane holds a lock on its own).
+
+use std::fs::{self, File};
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::api::core::v1::{Node, ServiceAccount};
+use kube::Client;
+use kube::api::{Api, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use tokio::time::Instant;
+
+use crate::binaries::{self, Binaries};
+use crate::certs;
+use crate::error::{Error, Result};
+use crate::ports::free_port;
+use crate::process::Component;
+
+/// The name of the fake node every plane has.
+pub const NODE_NAME: &str = "kwok-node";
+
+const ETCD: &str = "etcd";
+const APISERVER: &str = "kube-apiserver";
+const CONTROLLER_MANAGER: &str = "kube-controller-manager";
+const SCHEDULER: &str = "kube-scheduler";
+const KWOK: &str = "kwok";
+
+/// Pod IPs handed out by kwok; its default, 10.0.0.1/24, overlaps the service range.
+const POD_CIDR: &str = "10.244.0.1/24";
+const SERVICE_CIDR: &str = "10.0.0.0/24";
+
+/// Generous bounds for a loaded 2-core machine; the typical figures are far lower.
+const ETCD_TIMEOUT: Duration = Duration::from_secs(30);
+/// `/readyz` usually answers ok about 5 s after start.
+const APISERVER_TIMEOUT: Duration = Duration::from_secs(90);
+const NODE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A start whose ports were taken meanwhile by another process is tried again this often.
+const START_ATTEMPTS: u32 = 3;
+
+/// A running control plane, stopped by [`TestEnv::stop`] or on drop.
+///
+/// The processes are not tied to any tokio runtime: a `TestEnv` may be created in one runtime
+/// and used from others, but a [`kube::Client`] may not, so [`TestEnv::client`] builds a new
+/// one for the caller's runtime. Dropping a `TestEnv` blocks for the seconds the components
+/// need to stop.
+#[derive(Debug)]
+pub struct TestEnv {
+    /// In start order; emptied by the first stop.
+    components: Mutex<Vec<Component>>,
+    apiserver_url: String,
+    kubeconfig_yaml: String,
+    kubeconfig_path: PathBuf,
+    work_dir: WorkDir,
+}
+
+impl TestEnv {
+    /// Starts a new control plane, building the binaries first on a machine that has none.
+    ///
+    /// Returns once the fake node is Ready: about 4 s on 2 idle cores with cached binaries.
+    /// On failure the error names the component that failed and quotes the end of its log;
+    /// the work dir with all logs is then kept (see [`TestEnv::work_dir`]).
+    pub async fn start() -> Result<TestEnv> {
+        let bins = binaries::ensure().await?;
+        let mut attempt = 1;
+        loop {
+            match Self::start_with(&bins).await {
+                Err(e) if e.is_port_conflict() && attempt < START_ATTEMPTS => {
+                    tracing::warn!(error = %e, "a port was taken during start-up; starting again");
+                    attempt += 1;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    async fn start_with(bins: &Binaries) -> Result<TestEnv> {
+        let started = Instant::now();
+        let (mut env, layout) = Self::prepare()?;
+        // A cancelled start drops `env`, which stops what had started.
+        if let Err(e) = env.boot(bins, &layout).await {
+            // Keep the logs the error points at; a later start removes the directory once
+            // this process has released it.
+            env.work_dir.keep = true;
+            return Err(e);
+        }
+        tracing::info!(
+            apiserver = %env.apiserver_url,
+            work_dir = %env.work_dir.path.display(),
+            "control plane ready in {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+        Ok(env)
+    }
+
+    /// Creates the work dir, certificates, kubeconfig and port choices; starts nothing.
+    fn prepare() -> Result<(TestEnv, Layout)> {
+        let work_dir = WorkDir::create()?;
+        let pki = certs::generate(&work_dir.path)?;
+        let port = || free_port().map_err(|e| Error::io("finding a free port", e));
+        let layout = Layout {
+            pki,
+            etcd_client: port()?,
+            etcd_peer: port()?,
+            apiserver: port()?,
+            scheduler: port()?,
+        };
+        let apiserver_url = format!("https://127.0.0.1:{}", layout.apiserver);
+        let kubeconfig_yaml = layout.pki.admin_kubeconfig(&apiserver_url);
+        let kubeconfig_path = work_dir.path.join("kubeconfig");
+        write(&kubeconfig_path, &kubeconfig_yaml)?;
+        let env = TestEnv {
+            components: Mutex::new(Vec::new()),
+            apiserver_url,
+            kubeconfig_yaml,
+            kubeconfig_path,
+            work_dir,
+        };
+        Ok((env, layout))
+    }
+
+    /// Starts the components in order, each once the one before is ready.
+    async fn boot(&self, bins: &Binaries, layout: &Layout) -> Result<()> {
+        let dir = &self.work_dir.path;
+        let pki = &layout.pki;
+        let (etcd_client, etcd_peer, apiserver_port, scheduler_port) = (
+            layout.etcd_client,
+            layout.etcd_peer,
+            layout.apiserver,
+            layout.scheduler,
+        );
+        let kubeconfig = self.kubeconfig_path.to_string_lossy().into_owned();
+        let path = |p: &Path| p.to_string_lossy().into_owned();
+        let client = self.client().await?;
+
+        let etcd_url = format!("http://127.0.0.1:{etcd_client}");
+        self.launch(
+            ETCD,
+            &bins.controlplane,
+            &[
+                "etcd".into(),
+                format!("--data-dir={}", path(&dir.join("etcd"))),
+                format!("--client-url={etcd_url}"),
+                format!("--peer-url=http://127.0.0.1:{etcd_peer}"),
+            ],
+        )?;
+        let etcd_log = dir.join(format!("{ETCD}.log"));
+        self.until_ready(ETCD, "\"etcd: ready\" in its log", ETCD_TIMEOUT, || async {
+            let log = fs::read_to_string(&etcd_log).unwrap_or_default();
+            Ok(log.contains("etcd: ready"))
+        })
+        .await?;
+
+        self.launch(
+            APISERVER,
+            &bins.controlplane,
+            &[
+                APISERVER.into(),
+                format!("--etcd-servers={etcd_url}"),
+                format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+                "--allow-privileged=true".into(),
+                "--authorization-mode=RBAC".into(),
+                format!("--secure-port={apiserver_port}"),
+                // No --advertise-address=127.0.0.1: the endpoint reconciler refuses loopback
+                // addresses, so the apiserver advertises the host's default-route address.
+                "--bind-address=127.0.0.1".into(),
+                format!("--tls-cert-file={}", path(&pki.serving_cert)),
+                format!("--tls-private-key-file={}", path(&pki.serving_key)),
+                format!("--client-ca-file={}", path(&pki.ca_cert)),
+                format!("--service-account-issuer=https://127.0.0.1:{apiserver_port}/"),
+                format!("--service-account-key-file={}", path(&pki.sa_pub)),
+                format!("--service-account-signing-key-file={}", path(&pki.sa_key)),
+            ],
+        )?;
+        self.until_ready(
+            APISERVER,
+            "/readyz to answer ok",
+            APISERVER_TIMEOUT,
+            || async {
+                let request = http::Request::get("/readyz")
+                    .body(Vec::new())
+                    .expect("a static request");
+                match client.request_text(request).await {
+                    Ok(body) => Ok(body.trim() == "ok"),
+                    Err(e) => Err(e.to_string()),
+                }
+            },
+        )
+        .await?;
+
+        self.launch(
+            CONTROLLER_MANAGER,
+            &bins.controlplane,
+            &[
+                CONTROLLER_MANAGER.into(),
+                format!("--kubeconfig={kubeconfig}"),
+                "--leader-elect=false".into(),
+                format!("--root-ca-file={}", path(&pki.ca_cert)),
+                format!("--service-account-private-key-file={}", path(&pki.sa_key)),
+                "--use-service-account-credentials=false".into(),
+                // Lets the CSR signer run too; all default controllers are on (the node
+                // lifecycle one must be: it removes the fake node's not-ready taint).
+                format!("--cluster-signing-cert-file={}", path(&pki.ca_cert)),
+                format!("--cluster-signing-key-file={}", path(&pki.ca_key)),
+                "--secure-port=0".into(),
+                // The default 20 QPS, not the machine, would set the pace under load.
+                "--kube-api-qps=500".into(),
+                "--kube-api-burst=1000".into(),
+                "--concurrent-deployment-syncs=20".into(),
+                "--concurrent-replicaset-syncs=20".into(),
+            ],
+        )?;
+        self.launch(
+            SCHEDULER,
+            &bins.controlplane,
+            &[
+                SCHEDULER.into(),
+                format!("--kubeconfig={kubeconfig}"),
+                "--leader-elect=false".into(),
+                format!("--secure-port={scheduler_port}"),
+                "--bind-address=127.0.0.1".into(),
+                "--kube-api-qps=500".into(),
+                "--kube-api-burst=1000".into(),
+            ],
+        )?;
+        // kwok opens no port unless --server-address or --node-port is given.
+        let kwok_home = dir.join("kwok-home");
+        fs::create_dir_all(&kwok_home)
+            .map_err(|e| Error::io(format!("creating {}", kwok_home.display()), e))?;
+        self.launch_with(
+            KWOK,
+            &bins.kwok,
+            &[
+                format!("--kubeconfig={kubeconfig}"),
+                "--manage-all-nodes=true".into(),
+                format!("--cidr={POD_CIDR}"),
+                // Without a lease the node's heartbeat comes too late and the node-lifecycle
+                // controller marks it (and every pod on it) not ready for good.
+                "--node-lease-duration-seconds=40".into(),
+            ],
+            |cmd| {
+                // kwok would also load ~/.kwok/kwok.yaml; keep a user's file out of tests.
+                cmd.env("HOME", &kwok_home);
+            },
+        )?;
+
+        let nodes: Api<Node> = Api::all(client.clone());
+        nodes
+            .create(&PostParams::default(), &fake_node())
+            .await
+            .map_err(|e| Error::kube(format!("creating node {NODE_NAME}"), e))?;
+        self.until_ready(KWOK, "the fake node to be Ready", NODE_TIMEOUT, || async {
+            let node = nodes.get(NODE_NAME).await.map_err(|e| e.to_string())?;
+            Ok(node_is_ready(&node))
+        })
+        .await?;
+        self.until_ready(
+            CONTROLLER_MANAGER,
+            "the node's not-ready taint to be removed and the default ServiceAccount to exist",
+            NODE_TIMEOUT,
+            || async {
+                let node = nodes.get(NODE_NAME).await.map_err(|e| e.to_string())?;
+                let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), "default");
+                let account = accounts
+                    .get_opt("default")
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(!node_is_tainted(&node) && account.is_some())
+            },
+        )
+        .await?;
+        self.check_running()
+    }
+
+    /// The admin kubeconfig (`system:masters`), a file in the plane's work dir.
+    pub fn kubeconfig_path(&self) -> &Path {
+        &self.kubeconfig_path
+    }
+
+    /// The admin kubeconfig as YAML, with credentials inline.
+    pub fn kubeconfig_yaml(&self) -> &str {
+        &self.kubeconfig_yaml
+    }
+
+    /// The apiserver's URL, `https://127.0.0.1:<port>`.
+    pub fn apiserver_url(&self) -> &str {
+        &self.apiserver_url
+    }
+
+    /// The directory holding the plane's certificates, etcd data and `<component>.log` files.
+    pub fn work_dir(&self) -> &Path {
+        &self.work_dir.path
+    }
+
+    /// A new admin client, bound to the calling tokio runtime.
+    pub async fn client(&self) -> Result<Client> {
+        client_from_kubeconfig(&self.kubeconfig_yaml, "of the test plane").await
+    }
+
+    /// The name and process id of each running component, in start order.
+    pub fn processes(&self) -> Vec<(&'static str, u32)> {
+        self.components()
+            .iter()
+            .map(|c| (c.name, c.pid()))
+            .collect()
+    }
+
+    /// `Err` naming the first component that has exited, with the end of its log.
+    pub fn check_running(&self) -> Result<()> {
+        self.components()
+            .iter_mut()
+            .try_for_each(Component::ensure_running)
+    }
+
+    /// Stops the components in reverse start order (each gets `SIGTERM`, a grace period,
+    /// then `SIGKILL`) and removes the work dir.
+    ///
+    /// Returns an error if a component had already exited before the stop, i.e. crashed.
+    pub async fn stop(self) -> Result<()> {
+        tokio::task::spawn_blocking(move || self.shutdown())
+            .await
+            .map_err(|e| Error::io("stopping the control plane", std::io::Error::other(e)))?
+    }
+
+    fn shutdown(&self) -> Result<()> {
+        let components = std::mem::take(&mut *self.components());
+        let mut crashed = None;
+        for mut component in components.into_iter().rev() {
+            if let Err(e) = component.ensure_running() {
+                crashed.get_or_insert(e);
+            }
+            // etcd must outlive the apiserver, which otherwise retries it for a long time.
+            let grace = match component.name {
+                APISERVER => Duration::from_secs(15),
+                _ => Duration::from_secs(5),
+            };
+            let stopping = std::time::Instant::now();
+            component.stop(grace);
+            tracing::debug!(component = component.name, elapsed = ?stopping.elapsed(), "stopped");
+        }
+        crashed.map_or(Ok(()), Err)
+    }
+
+    fn components(&self) -> MutexGuard<'_, Vec<Component>> {
+        self.components
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn launch(&self, name: &'static str, program: &Path, args: &[String]) -> Result<()> {
+        self.launch_with(name, program, args, |_| {})
+    }
+
+    fn launch_with(
+        &self,
+        name: &'static str,
+        program: &Path,
+        args: &[String],
+        customize: impl FnOnce(&mut Command),
+    ) -> Result<()> {
+        let mut cmd = Command::new(program);
+        cmd.args(args).env_remove("KUBECONFIG");
+        customize(&mut cmd);
+        let log = self.work_dir.path.join(format!("{name}.log"));
+        tracing::debug!(component = name, log = %log.display(), "starting");
+        let component = Component::start(name, cmd, log)?;
+        self.components().push(component);
+        Ok(())
+    }
+
+    /// Polls `check` until it says ready, failing early if any component exits.
+    ///
+    /// `check` returns `Ok(ready)`, or `Err(reason)` for a failed probe (kept for the error).
+    async fn until_ready<F, Fut>(
+        &self,
+        component: &'static str,
+        what: &str,
+        timeout: Duration,
+        mut check: F,
+    ) -> Result<()>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = std::result::Result<bool, String>>,
+    {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.check_running()?;
+            let last = match check().await {
+                Ok(true) => return Ok(()),
+                Ok(false) => String::from("not ready"),
+                Err(reason) => reason,
+            };
+            if Instant::now() >= deadline {
+                let components = self.components();
+                let problem = format!(
+                    "was not ready after {timeout:?}, waiting for {what} (last check: {last})"
+                );
+                return Err(match components.iter().find(|c| c.name == component) {
+                    Some(c) => c.error(problem),
+                    None => Error::Component {
+                        component,
+                        problem,
+                        log: PathBuf::new(),
+                        tail: String::new(),
+                    },
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+impl Drop for TestEnv {
+    fn drop(&mut self) {
+        if let Err(e) = self.shutdown() {
+            // Usually the error a failed start or test already reported.
+            tracing::debug!("a component had exited before the stop: {e}");
+        }
+    }
+}
+
+/// Builds a client from kubeconfig YAML; `origin` describes it for errors.
+pub(crate) async fn client_from_kubeconfig(yaml: &str, origin: &str) -> Result<Client> {
+    let kubeconfig_error = |source| Error::Kubeconfig {
+        origin: origin.to_owned(),
+        source,
+    };
+    let kubeconfig = Kubeconfig::from_yaml(yaml).map_err(kubeconfig_error)?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(kubeconfig_error)?;
+    Client::try_from(config)
+        .map_err(|e| Error::kube(format!("creating a client from the kubeconfig {origin}"), e))
+}
+
+fn fake_node() -> Node {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": NODE_NAME,
+            "labels": {
+                "kubernetes.io/hostname": NODE_NAME,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "type": "kwok",
+            },
+            // kwok manages every node, but the annotation also marks it fake for readers.
+            "annotations": { "kwok.x-k8s.io/node": "fake" },
+        },
+        "status": {
+            // Room for load tests: thousands of pods without resource requests.
+            "capacity": { "cpu": "1000", "memory": "1Ti", "pods": "10000" },
+            "allocatable": { "cpu": "1000", "memory": "1Ti", "pods": "10000" },
+        },
+    }))
+    .expect("a valid Node")
+}
+
+fn node_is_ready(node: &Node) -> bool {
+    let conditions = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default();
+    conditions
+        .iter()
+        .any(|c| c.type_ == "Ready" && c.status == "True")
+}
+
+fn node_is_tainted(node: &Node) -> bool {
+    let taints = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_deref())
+        .unwrap_or_default();
+    taints.iter().any(|t| {
+        t.key == "node.kubernetes.io/not-ready" || t.key == "node.kubernetes.io/unreachable"
+    })
+}
+
+fn write(path: &Path, contents: &str) -> Result<()> {
+    fs::write(path, contents).map_err(|e| Error::io(format!("writing {}", path.display()), e))
+}
+
+/// What [`TestEnv::prepare`] chose for the components: credentials and ports.
+struct Layout {
+    pki: certs::Pki,
+    etcd_client: u16,
+    etcd_peer: u16,
+    apiserver: u16,
+    scheduler: u16,
+}
+
+/// A plane's private directory, locked while in use and removed on drop (unless kept).
+#[derive(Debug)]
+struct WorkDir {
+    path: PathBuf,
+    /// Set when a start failed, so the logs named in the error stay readable.
+    keep: bool,
+    /// Held (flock) for the plane's lifetime: a directory whose lock can be taken belongs to
+    /// a process that is gone.
+    _lock: File,
+}
+
+impl WorkDir {
+    /// Directories of a live process younger than this are never swept: their lock may not
+    /// be taken yet.
+    const MIN_STALE_AGE: Duration = Duration::from_secs(60);
+
+    fn create() -> Result<WorkDir> {
+        static SEQUENCE: AtomicU32 = AtomicU32::new(0);
+        let root = std::env::temp_dir().join("wasmop-testenv");
+        fs::create_dir_all(&root)
+            .map_err(|e| Error::io(format!("creating {}", root.display()), e))?;
+        Self::remove_stale(&root);
+        let name = format!(
+            "{}-{}",
+            std::process::id(),
+            SEQUENCE.fetch_add(1, Ordering::Relaxed)
+        );
+        let path = root.join(name);
+        // A directory of that name can only be left by an earlier process with the same pid.
+        let _ = fs::remove_dir_all(&path);
+        fs::create_dir(&path).map_err(|e| Error::io(format!("creating {}", path.display()), e))?;
+        let lock_path = path.join("lock");
+        let lock = File::create(&lock_path)
+            .map_err(|e| Error::io(format!("creating {}", lock_path.display()), e))?;
+        lock.try_lock()
+            .map_err(|e| Error::io(format!("locking {}", lock_path.display()), e.into()))?;
+        Ok(WorkDir {
+            path,
+            keep: false,
+            _lock: lock,
+        })
+    }
+
+    /// Removes the work dirs of processes that died without cleaning up.
+    fn remove_stale(root: &Path) {
+        let Ok(entries) = fs::read_dir(root) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            // A live owner may not have taken its lock yet; a dead one never will. (The name
+            // starts with the owner's pid; a reused pid only delays the clean-up.)
+            let owner_alive = entry
+                .file_name()
+                .to_string_lossy()
+                .split('-')
+                .next()
+                .is_none_or(|pid| Path::new("/proc").join(pid).exists());
+            let old_enough = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|modified| SystemTime::now().duration_since(modified).ok())
+                .is_some_and(|age| age >= Self::MIN_STALE_AGE);
+            if owner_alive && !old_enough {
+                continue;
+            }
+            let abandoned = match File::open(path.join("lock")) {
+                Ok(lock) => lock.try_lock().is_ok(),
+                Err(_) => true,
+            };
+            if abandoned {
+                tracing::debug!(dir = %path.display(), "removing an abandoned work dir");
+                let _ = fs::remove_dir_all(&path);
+            }
+        }
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        if self.keep {
+            return;
+        }
+        let _ = fs::remove_dir_all(&self.path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fake_node_is_labelled_for_kwok() {
+        let node = fake_node();
+        let labels = node.metadata.labels.unwrap();
+        assert_eq!(labels["kubernetes.io/hostname"], NODE_NAME);
+        assert_eq!(labels["kubernetes.io/os"], "linux");
+        assert_eq!(
+            node.metadata.annotations.unwrap()["kwok.x-k8s.io/node"],
+            "fake"
+        );
+        assert!(!node_is_ready(&fake_node()));
+    }
+
+    #[test]
+    fn work_dirs_are_distinct_and_removed() {
+        let a = WorkDir::create().unwrap();
+        let b = WorkDir::create().unwrap();
+        assert_ne!(a.path, b.path);
+        let path = a.path.clone();
+        drop(a);
+        assert!(!path.exists());
+        assert!(b.path.exists());
+    }
+}
