@@ -12,9 +12,8 @@ use std::time::Duration;
 use flate2::read::GzDecoder;
 use k8s_openapi::api::core::v1::ConfigMap;
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 
-use crate::sandbox::Limits;
+use crate::sandbox::{Limits, digest_of};
 
 /// The label that marks a ConfigMap as a plugin (any value).
 pub const PLUGIN_LABEL: &str = "wasmop.io/plugin";
@@ -91,17 +90,6 @@ pub enum SourceError {
     },
 }
 
-/// `sha256:<hex>` of a module.
-pub fn digest(wasm: &[u8]) -> String {
-    let hash = Sha256::digest(wasm);
-    let mut out = String::with_capacity(7 + 64);
-    out.push_str("sha256:");
-    for b in hash {
-        out.push_str(&format!("{b:02x}"));
-    }
-    out
-}
-
 /// Reads a plugin out of `cm`, starting from the host's `defaults`.
 pub fn read(cm: &ConfigMap, defaults: &Limits) -> Result<PluginSource, SourceError> {
     let configmap = cm.metadata.name.clone().unwrap_or_default();
@@ -176,7 +164,7 @@ pub fn read(cm: &ConfigMap, defaults: &Limits) -> Result<PluginSource, SourceErr
     Ok(PluginSource {
         configmap,
         key,
-        digest: digest(&wasm),
+        digest: digest_of(&wasm),
         wasm,
         settings,
         limits,
@@ -250,7 +238,7 @@ mod tests {
         .unwrap();
         assert_eq!(src.wasm, b"\0asm");
         assert_eq!(src.key, "memcached.wasm");
-        assert_eq!(src.digest, digest(b"\0asm"));
+        assert_eq!(src.digest, digest_of(b"\0asm"));
         assert!(src.digest.starts_with("sha256:") && src.digest.len() == 71);
         assert_eq!(src.settings["image"], "memcached:1.6");
         assert_eq!(src.limits.deadline, Duration::from_millis(250));
