@@ -2,6 +2,7 @@
 
 use std::time::Instant;
 
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 
 use crate::common::{Env, TIMEOUT, guests};
@@ -74,5 +75,28 @@ async fn hot_swap_to_second_build_and_back() {
     )
     .await
     .unwrap_or_else(|e| panic!("{e}\nhost log:\n{}", host.logs()));
+    assert!(host.alive() && host.pid() == pid, "same host process");
+
+    // New settings with the same module: swapped in place, every parent reconciled again.
+    env.put_plugin("memcached", &v1, Some("image: memcached:1.6.38\n"))
+        .await;
+    let deployments = env.ns.api::<Deployment>();
+    for name in ["one", "two"] {
+        testenv::wait_until(
+            &format!("Deployment {name} to run the image from the new settings"),
+            TIMEOUT,
+            || async { deployments.get(name).await.map(|d| d.spec.template.spec) },
+            |spec| {
+                spec.as_ref().and_then(|s| s.containers[0].image.as_deref())
+                    == Some("memcached:1.6.38")
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}\nhost log:\n{}", host.logs()));
+    }
+    assert!(
+        host.logs()
+            .contains("plugin swapped; reconciling every parent")
+    );
     assert!(host.alive() && host.pid() == pid, "same host process");
 }

@@ -46,9 +46,33 @@ pub struct Kinds {
     pub children: Vec<ResolvedKind>,
     /// The related kinds and whether each is metadata-only, in manifest order.
     pub related: Vec<(ResolvedKind, bool)>,
+    /// Child kinds an earlier version of the plugin declared and this one does not: the
+    /// children of those kinds that a parent controls are pruned like any undesired child.
+    pub retired: Vec<ResolvedKind>,
 }
 
 impl Kinds {
+    /// True when both watch the same kinds the same way (retired kinds aside).
+    pub fn same_watches(&self, other: &Kinds) -> bool {
+        self.parent == other.parent
+            && self.children == other.children
+            && self.related == other.related
+    }
+
+    /// Every kind a parent's children can have: declared, then retired.
+    pub fn all_children(&self) -> Vec<ResolvedKind> {
+        self.children.iter().chain(&self.retired).cloned().collect()
+    }
+
+    /// Sets [`Self::retired`] from the version this one replaces.
+    pub fn retire_from(&mut self, previous: &Kinds) {
+        self.retired = previous
+            .all_children()
+            .into_iter()
+            .filter(|old| !self.children.iter().any(|k| k.kind == old.kind))
+            .collect();
+    }
+
     /// The scope of a declared child or related kind, for validation.
     pub fn scope_of(&self, kind: &KindRef) -> Option<crate::validate::Scope> {
         self.children
@@ -139,5 +163,6 @@ pub async fn resolve(client: &Client, manifest: &Manifest) -> Result<Kinds, Reso
             .into_iter()
             .map(|k| k.expect("no kind missing"))
             .collect(),
+        retired: Vec::new(),
     })
 }

@@ -115,9 +115,11 @@ pub struct Shared {
     pub client: Client,
     /// The plugin's kinds, resolved.
     pub kinds: Kinds,
+    /// `kinds.all_children()`, computed once.
+    pub child_kinds: Vec<kinds::ResolvedKind>,
     /// Parents.
     pub parents: Arc<Cache>,
-    /// Children, per entry of `kinds.children`.
+    /// Children, per entry of `kinds.all_children()`.
     pub children: Vec<Arc<Cache>>,
     /// Related objects, per entry of `kinds.related`.
     pub related: Vec<Arc<Cache>>,
@@ -147,7 +149,8 @@ pub fn spawn(
         Role::Parent,
         hub.subscribe(&kinds.parent.resource, kinds.parent.namespaced, false),
     )];
-    for (i, k) in kinds.children.iter().enumerate() {
+    let child_kinds = kinds.all_children();
+    for (i, k) in child_kinds.iter().enumerate() {
         subs.push((
             Role::Child(i),
             hub.subscribe(&k.resource, k.namespaced, false),
@@ -171,6 +174,7 @@ pub fn spawn(
         children: cache_of(|r| matches!(r, Role::Child(_))),
         related: cache_of(|r| matches!(r, Role::Related(_))),
         kinds: kinds.clone(),
+        child_kinds,
         recorder,
         selectors: Mutex::default(),
     });
@@ -331,7 +335,7 @@ impl Runner {
                         .namespaced
                         .then(|| obj.metadata.namespace.clone())
                         .flatten();
-                    let what = describe(&self.shared.kinds.children[i].kind.kind, obj);
+                    let what = describe(&self.shared.child_kinds[i].kind.kind, obj);
                     self.queue
                         .schedule((ns, owner.name.clone()), at, Reason::ChildChanged(what));
                 }

@@ -192,7 +192,7 @@ async fn steps(
     // 5. Children.
     let uid = parent.metadata.uid.clone().unwrap_or_default();
     let children = Children {
-        kinds: &kinds.children,
+        kinds: &shared.child_kinds,
         desired: valid.children,
         observed: shared
             .children
@@ -390,9 +390,8 @@ struct CacheObserved<'a>(&'a Shared);
 
 impl Observed for CacheObserved<'_> {
     fn controlled(&self, kind: &KindRef, parent_uid: &str) -> Vec<Value> {
-        let kinds = &self.0.kinds;
-        kinds
-            .children
+        self.0
+            .child_kinds
             .iter()
             .position(|k| &k.kind == kind)
             .map(|i| {

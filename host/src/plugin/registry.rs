@@ -284,7 +284,7 @@ impl Registry {
         }
     }
 
-    async fn activate(&mut self, configmap: &str, loaded: Loaded, kinds: kinds::Kinds) {
+    async fn activate(&mut self, configmap: &str, loaded: Loaded, mut kinds: kinds::Kinds) {
         let name = loaded.plugin.manifest().name.clone();
         let clash = self.slots.iter().find(|(cm, s)| {
             cm.as_str() != configmap
@@ -309,7 +309,7 @@ impl Registry {
         let source = slot.latest.clone().expect("a loaded plugin has a source");
         let cm = slot.configmap.clone();
         let (reason, msg) = match slot.running.take() {
-            Some((old, _, handle)) if handle.kinds() == &kinds => {
+            Some((old, _, handle)) if handle.kinds().same_watches(&kinds) => {
                 let msg = format!("swapped {} for {}", old.describe(), loaded.describe());
                 handle.swap(loaded.clone());
                 slot.running = Some((loaded, source, handle));
@@ -318,7 +318,9 @@ impl Registry {
             previous => {
                 let mut msg = format!("loaded {}", loaded.describe());
                 if let Some((old, _, handle)) = previous {
-                    // Different kinds: a clean restart of the controller.
+                    // Different kinds: a clean restart of the controller, which still prunes
+                    // children of the kinds this version dropped.
+                    kinds.retire_from(handle.kinds());
                     handle.stop().await;
                     msg = format!("{msg}, replacing {} (its kinds changed)", old.describe());
                 }
