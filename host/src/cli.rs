@@ -68,6 +68,26 @@ pub struct RunArgs {
     /// ConfigMap can override it with the annotation `wasmop.io/resync-seconds`).
     #[arg(long, default_value_t = 600)]
     pub resync_seconds: u64,
+    /// Where `/healthz` and `/readyz` are served.
+    #[arg(long, default_value = "0.0.0.0:8081")]
+    pub probe_addr: std::net::SocketAddr,
+    /// Where `/metrics` is served (may equal `--probe-addr`).
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    pub metrics_addr: std::net::SocketAddr,
+    /// Reconcile only while holding the `wasmop` Lease in `--namespace`, so several replicas
+    /// can run with one active.
+    #[arg(long)]
+    pub leader_elect: bool,
+    /// Name of the leader-election Lease.
+    #[arg(long, default_value = "wasmop-leader")]
+    pub lease_name: String,
+    /// How long a leader's Lease is valid without renewal, in seconds.
+    #[arg(long, default_value_t = 15)]
+    pub lease_duration_seconds: u64,
+    /// How long before the Lease expires the leader renews it, in seconds (the leader renews
+    /// after `lease-duration − renew-grace`, 10 s by default).
+    #[arg(long, default_value_t = 5)]
+    pub lease_renew_grace_seconds: u64,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "WASMOP_LOG_FORMAT")]
     pub log_format: LogFormat,

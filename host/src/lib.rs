@@ -16,5 +16,6 @@ pub mod gather;
 pub mod plugin;
 pub mod sandbox;
 pub mod status;
+pub mod telemetry;
 pub mod validate;
 pub mod watch;

@@ -193,6 +193,11 @@ pub struct Host {
 
 impl Host {
     pub fn start(kubeconfig: &Path, namespace: &str) -> Host {
+        Host::start_with(kubeconfig, namespace, &[])
+    }
+
+    /// Starts `wasmop run` with `extra` arguments.
+    pub fn start_with(kubeconfig: &Path, namespace: &str, extra: &[&str]) -> Host {
         let dir = guests::workspace_root().join("target/e2e-logs");
         std::fs::create_dir_all(&dir).unwrap();
         let log = dir.join(format!("{namespace}-{}.log", nanos()));
@@ -205,6 +210,14 @@ impl Host {
             "--watch-namespace",
             namespace,
         ])
+        // Hosts run side by side: let each pick free ports.
+        .args([
+            "--probe-addr",
+            "127.0.0.1:0",
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ])
+        .args(extra)
         .env("KUBECONFIG", kubeconfig)
         .env("RUST_LOG", "info,wasmop=debug")
         .stdin(Stdio::null())
@@ -227,6 +240,16 @@ impl Host {
     pub fn kill(mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then waits for the exit status.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("running kill");
+        assert!(status.success(), "kill -TERM failed");
+        self.child.wait().expect("waiting for the host")
     }
 
     /// True while the process runs.

@@ -6,5 +6,6 @@
 
 mod common;
 mod failures;
+mod leader;
 mod memcached;
 mod swap;

@@ -20,7 +20,7 @@ use kube::api::DynamicObject;
 use kube::core::{Selector, SelectorExt};
 use kube::runtime::events::Recorder;
 use serde_json::Value;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -86,12 +86,18 @@ pub struct ControllerHandle {
     commands: mpsc::UnboundedSender<Command>,
     task: tokio::task::JoinHandle<()>,
     kinds: Kinds,
+    synced: watch::Receiver<bool>,
 }
 
 impl ControllerHandle {
     /// The kinds this controller watches.
     pub fn kinds(&self) -> &Kinds {
         &self.kinds
+    }
+
+    /// True once every watch this controller needs has listed its objects.
+    pub fn is_synced(&self) -> bool {
+        *self.synced.borrow()
     }
 
     /// Replaces the plugin version; every parent is reconciled again with the new one.
@@ -191,12 +197,14 @@ pub fn spawn(
         failures: HashMap::new(),
         fingerprints: HashMap::new(),
     };
+    let (synced_tx, synced) = watch::channel(false);
     let span = tracing::info_span!("controller", plugin = %name);
-    let task = tokio::spawn(runner.run(subs, rx).instrument(span));
+    let task = tokio::spawn(runner.run(subs, rx, synced_tx).instrument(span));
     ControllerHandle {
         commands: tx,
         task,
         kinds,
+        synced,
     }
 }
 
@@ -219,6 +227,7 @@ impl Runner {
         mut self,
         mut subs: Vec<(Role, Subscription)>,
         mut commands: mpsc::UnboundedReceiver<Command>,
+        synced_tx: watch::Sender<bool>,
     ) {
         let streams: Vec<BoxStream<'static, (Role, Change)>> = subs
             .iter_mut()
@@ -235,11 +244,13 @@ impl Runner {
         // Reconciling before every cache is filled would see children as missing.
         let synced = futures::future::join_all(subs.iter().map(|(_, s)| s.synced()));
         tokio::select! {
-            _ = synced => tracing::info!(
+            _ = synced => {
+                synced_tx.send_replace(true);
+                tracing::info!(
                 version = %self.loaded.plugin.manifest().version,
                 parents = self.shared.parents.len(),
                 "caches synced; reconciling"
-            ),
+            )},
             cmd = commands.recv() => {
                 if let Some(Command::Stop(ack)) = cmd { let _ = ack.send(()); }
                 return;
@@ -247,8 +258,16 @@ impl Runner {
         }
 
         let mut stop: Option<oneshot::Sender<()>> = None;
+        let depth = crate::telemetry::metrics()
+            .workqueue_depth
+            .get_or_create(&crate::telemetry::metrics::PluginLabels {
+                plugin: self.loaded.plugin.manifest().name.clone(),
+            })
+            // A clone shares the value and drops the registry's lock guard.
+            .clone();
         loop {
             self.dispatch();
+            depth.set(self.queue.len() as i64);
             let due = self.queue.next_due();
             tokio::select! {
                 Some((role, change)) = changes.next() => self.on_change(role, change),
@@ -269,6 +288,7 @@ impl Runner {
                 break;
             }
         }
+        depth.set(0);
         drop(subs);
         if let Some(ack) = stop {
             let _ = ack.send(());

@@ -21,8 +21,10 @@ use super::queue::Reason;
 use super::{Loaded, Shared};
 use crate::apply::{self, Children};
 use crate::gather::{self, Observed};
-use crate::sandbox::KindRef;
+use crate::sandbox::{KindRef, Manifest};
 use crate::status::{self, Ready};
+use crate::telemetry::metrics;
+use crate::telemetry::metrics::{CallLabels, PluginLabels, ReasonLabels, ResultLabels};
 use crate::validate::{self, Target};
 use crate::watch::ObjKey;
 
@@ -77,17 +79,28 @@ pub async fn run(
             return Ok(Outcome { gone: true, ..Default::default() });
         };
         let started = std::time::Instant::now();
-        match steps(shared, loaded, &parent).await {
+        let m = metrics();
+        let labels = |result| ResultLabels { plugin: manifest.name.clone(), result };
+        let result = match steps(shared, loaded, &parent).await {
             Ok(outcome) => {
                 tracing::debug!(elapsed_ms = started.elapsed().as_millis() as u64, "reconciled");
+                m.reconciles.get_or_create(&labels("success")).inc();
                 Ok(outcome)
             }
             Err(failure) => {
                 tracing::warn!(reason = failure.reason, error = %failure.message, "reconcile failed");
+                m.reconciles.get_or_create(&labels("error")).inc();
+                m.reconcile_errors
+                    .get_or_create(&ReasonLabels { plugin: manifest.name.clone(), reason: failure.reason.to_string() })
+                    .inc();
                 record_failure(shared, loaded, &parent, failure).await;
                 Err(())
             }
-        }
+        };
+        m.reconcile_duration
+            .get_or_create(&PluginLabels { plugin: manifest.name.clone() })
+            .observe(started.elapsed().as_secs_f64());
+        result
     }
     .instrument(span)
     .await
@@ -123,8 +136,7 @@ async fn steps(
 
     // 2. Related selectors, kept for mapping related changes back to this parent.
     let parent_json = serde_json::to_value(parent.as_ref()).expect("object serialises");
-    let selectors = plugin
-        .related(&parent_json)
+    let selectors = timed(manifest, "related", plugin.related(&parent_json))
         .await
         .map_err(|e| Failure::new(e.kind.reason(), e.to_string()))?;
     let mut compiled = Vec::new();
@@ -168,8 +180,7 @@ async fn steps(
         &loaded.settings,
         deleting,
     );
-    let response = plugin
-        .reconcile(&request)
+    let response = timed(manifest, "reconcile", plugin.reconcile(&request))
         .await
         .map_err(|e| Failure::new(e.kind.reason(), e.to_string()))?;
 
@@ -271,6 +282,24 @@ async fn steps(
         gone: false,
         requeue_after: valid.requeue_after,
     })
+}
+
+/// Runs one call into the sandbox and records how long it took.
+async fn timed<T>(
+    manifest: &Manifest,
+    call: &'static str,
+    f: impl std::future::Future<Output = T>,
+) -> T {
+    let started = std::time::Instant::now();
+    let out = f.await;
+    metrics()
+        .plugin_call_duration
+        .get_or_create(&CallLabels {
+            plugin: manifest.name.clone(),
+            call,
+        })
+        .observe(started.elapsed().as_secs_f64());
+    out
 }
 
 async fn record_failure(

@@ -27,6 +27,8 @@ use super::source::{self, PLUGIN_LABEL, PluginSource};
 use crate::controller::kinds::{self, ResolveError};
 use crate::controller::{self, ControllerHandle, Loaded};
 use crate::sandbox::{Limits, Sandbox};
+use crate::telemetry::metrics;
+use crate::telemetry::metrics::{ConfigMapLabels, InfoLabels, LoadLabels};
 use crate::watch::Hub;
 
 /// How often a plugin whose kinds are not served yet checks again.
@@ -97,6 +99,9 @@ pub struct Registry {
     tx: mpsc::UnboundedSender<Msg>,
     rx: mpsc::UnboundedReceiver<Msg>,
     status: tokio::sync::watch::Sender<Vec<Status>>,
+    ready: tokio::sync::watch::Sender<bool>,
+    // The first list of plugin ConfigMaps has been seen.
+    listed: bool,
 }
 
 impl Registry {
@@ -125,12 +130,20 @@ impl Registry {
             tx,
             rx,
             status: tokio::sync::watch::channel(Vec::new()).0,
+            ready: tokio::sync::watch::channel(false).0,
+            listed: false,
         }
     }
 
     /// The state of every plugin, updated as it changes.
     pub fn status(&self) -> tokio::sync::watch::Receiver<Vec<Status>> {
         self.status.subscribe()
+    }
+
+    /// Whether every plugin has loaded (or failed for good) and every controller's caches
+    /// are synced: what `/readyz` reports.
+    pub fn ready(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.ready.subscribe()
     }
 
     /// Runs until `shutdown` resolves, then stops every controller gracefully.
@@ -140,10 +153,13 @@ impl Registry {
         let mut events = std::pin::pin!(watcher(api, config).default_backoff());
         let mut shutdown = std::pin::pin!(shutdown);
         let mut relisted: Option<Vec<String>> = None;
+        // Controllers sync on their own time: look again now and then.
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
         tracing::info!(namespace = %self.env.namespace, "watching plugin ConfigMaps labelled {PLUGIN_LABEL}");
         loop {
             tokio::select! {
                 _ = &mut shutdown => break,
+                _ = tick.tick() => {},
                 Some(msg) = self.rx.recv() => self.on_msg(msg).await,
                 ev = events.next() => match ev {
                     Some(Ok(watcher::Event::Init)) => relisted = Some(Vec::new()),
@@ -159,6 +175,7 @@ impl Registry {
                         for name in gone {
                             self.on_delete(&name).await;
                         }
+                        self.listed = true;
                     }
                     Some(Ok(watcher::Event::Apply(cm))) => self.on_apply(cm).await,
                     Some(Ok(watcher::Event::Delete(cm))) => {
@@ -193,6 +210,7 @@ impl Registry {
             Err(e) => {
                 let msg = format!("ConfigMap {}/{name}: {e}", self.env.namespace);
                 tracing::warn!(configmap = %name, error = %e, "invalid plugin ConfigMap; the running version, if any, stays");
+                count_load(&name, "failure");
                 slot.state = State::Failed(msg.clone());
                 let cm = slot.configmap.clone();
                 self.event(&cm, EventType::Warning, "LoadFailed", &msg)
@@ -273,6 +291,7 @@ impl Registry {
                             None => why.clone(),
                         };
                         tracing::error!(configmap = %configmap, error = %msg, "plugin failed to load");
+                        count_load(&configmap, "failure");
                         if let Some(slot) = self.slots.get_mut(&configmap) {
                             slot.state = State::Failed(msg.clone());
                         }
@@ -311,6 +330,14 @@ impl Registry {
         let (reason, msg) = match slot.running.take() {
             Some((old, _, handle)) if handle.kinds().same_watches(&kinds) => {
                 let msg = format!("swapped {} for {}", old.describe(), loaded.describe());
+                count_load(configmap, "success");
+                metrics()
+                    .plugin_swaps
+                    .get_or_create(&ConfigMapLabels {
+                        configmap: configmap.to_string(),
+                    })
+                    .inc();
+                set_info(configmap, Some(&old), None);
                 handle.swap(loaded.clone());
                 slot.running = Some((loaded, source, handle));
                 ("Swapped", msg)
@@ -323,6 +350,7 @@ impl Registry {
                     kinds.retire_from(handle.kinds());
                     handle.stop().await;
                     msg = format!("{msg}, replacing {} (its kinds changed)", old.describe());
+                    set_info(configmap, Some(&old), None);
                 }
                 let handle = controller::spawn(
                     self.env.client.clone(),
@@ -337,6 +365,9 @@ impl Registry {
             }
         };
         slot.state = State::Running;
+        if let Some((loaded, _, _)) = &slot.running {
+            set_info(configmap, None, Some(loaded));
+        }
         tracing::info!(configmap, "{msg}");
         self.event(&cm, EventType::Normal, reason, &msg).await;
     }
@@ -346,6 +377,7 @@ impl Registry {
             return;
         };
         if let Some((loaded, _, handle)) = slot.running {
+            set_info(configmap, Some(&loaded), None);
             handle.stop().await;
             tracing::info!(configmap, plugin = %loaded.describe(), "plugin ConfigMap deleted; controller stopped, children left in place");
         }
@@ -362,6 +394,15 @@ impl Registry {
             })
             .collect();
         all.sort_by(|a, b| a.configmap.cmp(&b.configmap));
+        let ready = self.listed
+            && self.slots.values().all(|s| {
+                s.state != State::Loading
+                    && s.running
+                        .as_ref()
+                        .is_none_or(|(_, _, handle)| handle.is_synced())
+            });
+        self.ready
+            .send_if_modified(|old| std::mem::replace(old, ready) != ready);
         self.status.send_if_modified(|old| {
             let changed = old.len() != all.len()
                 || old
@@ -387,6 +428,32 @@ impl Registry {
         if let Err(e) = self.env.recorder.publish(&ev, &reference).await {
             tracing::warn!(error = %e, reason, "could not record an Event on the plugin ConfigMap");
         }
+    }
+}
+
+fn count_load(configmap: &str, result: &'static str) {
+    metrics()
+        .plugin_loads
+        .get_or_create(&LoadLabels {
+            configmap: configmap.to_string(),
+            result,
+        })
+        .inc();
+}
+
+/// Moves the `wasmop_plugin_info` series from the `old` version to the `new` one.
+fn set_info(configmap: &str, old: Option<&Loaded>, new: Option<&Loaded>) {
+    let labels = |l: &Loaded| InfoLabels {
+        configmap: configmap.to_string(),
+        plugin: l.plugin.manifest().name.clone(),
+        version: l.plugin.manifest().version.clone(),
+        digest: l.plugin.digest().to_string(),
+    };
+    if let Some(old) = old {
+        metrics().plugin_info.remove(&labels(old));
+    }
+    if let Some(new) = new {
+        metrics().plugin_info.get_or_create(&labels(new)).set(1);
     }
 }
 

@@ -1,0 +1,7 @@
+//! What the host tells the people who run it: Prometheus metrics ([`metrics`]) and the
+//! `/healthz`, `/readyz` and `/metrics` endpoints ([`server`]).
+
+pub mod metrics;
+pub mod server;
+
+pub use metrics::metrics;
