@@ -24,6 +24,12 @@ pub enum Command {
     Render(RenderArgs),
     /// Print a plugin's manifest, digest and size.
     Inspect(InspectArgs),
+    /// Print a plugin module as the ConfigMap the host loads it from (gzipped when that is
+    /// smaller), after checking that it loads.
+    Package(PackageArgs),
+    /// Print the ClusterRole and ClusterRoleBinding the host needs to run a plugin (resource
+    /// plurals are guessed offline from kind names: see --plural).
+    Rbac(RbacArgs),
 }
 
 /// Sandbox limits for one plugin. Defaults are the host's defaults.
@@ -130,4 +136,52 @@ pub struct RenderArgs {
 pub struct InspectArgs {
     /// The plugin module (`.wasm`).
     pub plugin: PathBuf,
+}
+
+/// `wasmop package`.
+#[derive(Debug, Args)]
+pub struct PackageArgs {
+    /// The plugin module (`.wasm`).
+    pub plugin: PathBuf,
+    /// Name of the ConfigMap and of its module key (`<name>.wasm` or `<name>.wasm.gz`).
+    /// Defaults to the plugin's manifest name.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Namespace of the ConfigMap: the host's plugin namespace.
+    #[arg(long, default_value = "wasmop-system")]
+    pub namespace: String,
+    /// Settings handed to every reconcile (YAML), stored as `settings.yaml`.
+    #[arg(long)]
+    pub settings: Option<PathBuf>,
+}
+
+/// `wasmop rbac`.
+#[derive(Debug, Args)]
+pub struct RbacArgs {
+    /// The plugin module (`.wasm`).
+    pub plugin: PathBuf,
+    /// Namespace of the host's ServiceAccount.
+    #[arg(long, default_value = "wasmop-system")]
+    pub namespace: String,
+    /// The host's ServiceAccount.
+    #[arg(long, default_value = "wasmop")]
+    pub service_account: String,
+    /// Name of the ClusterRole and ClusterRoleBinding. Defaults to
+    /// `wasmop-plugin-<manifest name>`.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Resource plural of a kind, as `Kind=plural` (repeatable). Plurals are otherwise guessed
+    /// offline from the kind (lowercase, then `es` after s, x, ch or sh, `ies` for a consonant
+    /// and y, else `s`); check irregular ones with `kubectl api-resources`.
+    #[arg(long = "plural", value_name = "KIND=PLURAL", value_parser = parse_plural)]
+    pub plurals: Vec<(String, String)>,
+}
+
+fn parse_plural(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((kind, plural)) if !kind.is_empty() && !plural.is_empty() => {
+            Ok((kind.to_string(), plural.to_string()))
+        }
+        _ => Err(format!("expected KIND=PLURAL, e.g. Endpoints=endpoints, got {s:?}")),
+    }
 }

@@ -252,6 +252,22 @@ impl Host {
         self.child.wait().expect("waiting for the host")
     }
 
+    /// The address the host serves `/healthz`, `/readyz` and `/metrics` on (started with
+    /// port 0, it logs the one it got).
+    pub async fn http_addr(&self) -> String {
+        testenv::wait_for("the host to log its HTTP address", TIMEOUT, || async {
+            let logs = self.logs();
+            let line = logs.lines().find(|l| l.contains("serving HTTP"));
+            Ok::<_, String>(line.and_then(|l| {
+                let start = l.find("127.0.0.1:")?;
+                let end = l[start..].find(|c: char| c != '.' && c != ':' && !c.is_ascii_digit())?;
+                Some(l[start..start + end].to_string())
+            }))
+        })
+        .await
+        .expect("HTTP address")
+    }
+
     /// True while the process runs.
     pub fn alive(&mut self) -> bool {
         self.child.try_wait().ok().flatten().is_none()
@@ -270,4 +286,24 @@ fn nanos() -> u128 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_nanos()
+}
+
+/// A plain HTTP/1.1 GET: status code and body.
+pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    let code = response
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (code, body)
 }

@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::json;
 
-use crate::common::{Env, TIMEOUT, guests};
+use crate::common::{Env, Host, TIMEOUT, guests, http_get};
 
 async fn wait_replicas(env: &Env, name: &str, replicas: i32) -> Deployment {
     let deployments = env.ns.api::<Deployment>();
@@ -30,7 +30,7 @@ async fn memcached_create_scale_drift_delete() {
     let env = Env::new("e2e-memcached").await;
     let wasm = std::fs::read(guests::memcached()).unwrap();
     env.put_plugin("memcached", &wasm, None).await;
-    let host = env.start_host();
+    let host = Host::start_with(&env.kubeconfig, env.name(), &["--log-format", "json"]);
 
     // 1. size 3 → a Deployment of 3 owned by the CR, 3 pods Running, 3 names in status.nodes.
     let started = Instant::now();
@@ -70,6 +70,36 @@ async fn memcached_create_scale_drift_delete() {
     let container = &deployment.spec.template.spec.unwrap().containers[0];
     assert_eq!(container.ports.as_ref().unwrap()[0].container_port, 11211);
     assert!(container.image.as_deref().unwrap().starts_with("memcached"));
+
+    // What operators see: probes, metrics, and JSON logs whose reconcile spans name the plugin,
+    // its digest and the parent.
+    let addr = host.http_addr().await;
+    let (ready, _) = http_get(&addr, "/readyz").await;
+    assert_eq!(ready, 200);
+    let (code, metrics) = http_get(&addr, "/metrics").await;
+    assert_eq!(code, 200);
+    assert!(
+        metrics.contains(r#"wasmop_reconcile_total{plugin="memcached",result="success"}"#),
+        "{metrics}"
+    );
+    assert!(metrics.contains(r#"wasmop_plugin_info{configmap="memcached",plugin="memcached",version="0.1.0",digest="sha256:"#), "{metrics}");
+    assert!(
+        metrics.contains("wasmop_plugin_call_duration_seconds_bucket"),
+        "{metrics}"
+    );
+    let span = host
+        .logs()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find_map(|l| l["span"]["name"].eq("reconcile").then(|| l["span"].clone()))
+        .expect("a JSON log line inside a reconcile span");
+    assert_eq!(span["plugin"], "memcached");
+    assert_eq!(span["namespace"], env.name());
+    assert!(
+        span["digest"].as_str().unwrap().starts_with("sha256:"),
+        "{span}"
+    );
+    assert!(span["reason"].is_string(), "{span}");
 
     // 2. Scale up and down.
     env.put_memcached("cache", 5).await;

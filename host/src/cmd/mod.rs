@@ -1,6 +1,8 @@
 //! One module per subcommand of the `wasmop` binary.
 
 pub mod inspect;
+pub mod package;
+pub mod rbac;
 pub mod render;
 pub mod run;
 
@@ -12,5 +14,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Run(args) => run::run(args),
         Command::Render(args) => render::run(args),
         Command::Inspect(args) => inspect::run(args),
+        Command::Package(args) => package::run(args),
+        Command::Rbac(args) => rbac::run(args),
     }
 }

@@ -1,6 +1,8 @@
 //! Plugins from ConfigMaps: read the bytes ([`source`]), compile and check them in the
-//! sandbox, and keep one controller running per good plugin ([`registry`]).
+//! sandbox, check the host may do what it needs ([`access`]), and keep one controller running
+//! per good plugin ([`registry`]).
 
+pub mod access;
 pub mod registry;
 pub mod source;
 

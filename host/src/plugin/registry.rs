@@ -2,11 +2,11 @@
 //! per good plugin.
 //!
 //! Every ConfigMap change is loaded in the background: read, compile (cached by digest), probe
-//! the manifest, resolve its kinds. Only a plugin that passes all of it replaces the running
-//! version, atomically; a bad one leaves the last good version running and says why in a
-//! Warning Event on its ConfigMap and in the log. Plugin states are visible with
-//! `kubectl describe configmap <plugin>` (Events `Loaded`, `Swapped`, `LoadFailed`,
-//! `WaitingForKinds`, `Unloaded`).
+//! the manifest, resolve its kinds, check the host may do what the plugin needs on them. Only
+//! a plugin that passes all of it replaces the running version, atomically; a bad one leaves
+//! the last good version running and says why in a Warning Event on its ConfigMap and in the
+//! log. Plugin states are visible with `kubectl describe configmap <plugin>` (Events `Loaded`,
+//! `Swapped`, `LoadFailed`, `WaitingForKinds`, `Unloaded`).
 //!
 //! Deleting a ConfigMap stops its controller and leaves the children in place: they belong to
 //! their parents, not to the plugin.
@@ -63,6 +63,8 @@ struct Env {
     client: Client,
     namespace: String,
     hub: Hub,
+    // Permissions are checked in this namespace only when the host watches only it.
+    watch_namespace: Option<String>,
     sandbox: Sandbox,
     defaults: Limits,
     config: controller::Config,
@@ -118,7 +120,8 @@ impl Registry {
         let (tx, rx) = mpsc::unbounded_channel();
         Registry {
             env: Arc::new(Env {
-                hub: Hub::new(client.clone(), watch_namespace),
+                hub: Hub::new(client.clone(), watch_namespace.clone()),
+                watch_namespace,
                 client,
                 namespace,
                 sandbox,
@@ -468,6 +471,10 @@ async fn load(env: &Env, source: PluginSource) -> Result<(Loaded, kinds::Kinds),
         Err(ResolveError::Missing(m)) => return Err(LoadError::Waiting(m.join(", "))),
         Err(e) => return Err(LoadError::Bad(e.to_string())),
     };
+    // Refused here, one clear message, rather than Forbidden on every watch and write.
+    super::access::check(&env.client, &kinds, env.watch_namespace.as_deref())
+        .await
+        .map_err(LoadError::Bad)?;
     let loaded = Loaded {
         plugin,
         settings: Arc::new(source.settings.clone()),

@@ -47,6 +47,7 @@ async fn listen(addr: SocketAddr, routes: Router) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("listening on {addr}"))?;
+    let addr = listener.local_addr().unwrap_or(addr);
     tracing::info!(%addr, "serving HTTP");
     axum::serve(listener, routes).await.context("HTTP server")
 }
