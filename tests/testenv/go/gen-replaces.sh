@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Regenerates go.mod for the pinned Kubernetes release: every staging module that the release
-# replaces with ./staging/... is pinned to the matching v0.X.Y tag instead.
-# Usage: ./gen-replaces.sh v1.37.2   (then: go mod tidy)
+# Moves the control plane to a Kubernetes release, in one command: regenerates go.mod (every
+# staging module that the release replaces with ./staging/... is pinned to the matching v0.X.Y
+# tag instead), runs `go mod tidy`, and updates KUBERNETES_VERSION in ../src/binaries.rs.
+# Usage: ./gen-replaces.sh v1.37.2
 set -euo pipefail
 cd "$(dirname "$0")"
 k8s="${1:?usage: $0 vMAJOR.MINOR.PATCH}"
@@ -20,4 +21,7 @@ gomod=$(go mod download -json "k8s.io/kubernetes@${k8s}" | sed -n 's/^[[:space:]
   grep -E '^[[:space:]]*k8s.io/[^ ]+ => \./staging/' "$gomod" | awk -v v="$staging" '{print "\t" $1 " => " $1 " " v}'
   echo ")"
 } > go.mod
-echo "go.mod pinned to k8s.io/kubernetes ${k8s}, staging ${staging}: $(grep -c ' => ' go.mod) replaces" >&2
+go mod tidy
+sed -i "s/^pub const KUBERNETES_VERSION: &str = \".*\";/pub const KUBERNETES_VERSION: \&str = \"${k8s}\";/" ../src/binaries.rs
+grep -q "KUBERNETES_VERSION: &str = \"${k8s}\"" ../src/binaries.rs || { echo "could not update ../src/binaries.rs" >&2; exit 1; }
+echo "pinned k8s.io/kubernetes ${k8s}, staging ${staging}: $(grep -c ' => ' go.mod) replaces; the next build gets a new cache key" >&2
