@@ -21,3 +21,11 @@ plane:
 lint:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
+
+# Builds the Memcached plugin into deploy/plugins/, where `kubectl apply --server-side -k deploy/`
+# takes it from (kustomize reads files inside its own directory only).
+.PHONY: deploy-plugin
+deploy-plugin:
+	rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
+	cargo build --release --target wasm32-wasip2 -p memcached
+	cp target/wasm32-wasip2/release/memcached.wasm deploy/plugins/memcached.wasm

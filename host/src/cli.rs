@@ -182,6 +182,8 @@ fn parse_plural(s: &str) -> Result<(String, String), String> {
         Some((kind, plural)) if !kind.is_empty() && !plural.is_empty() => {
             Ok((kind.to_string(), plural.to_string()))
         }
-        _ => Err(format!("expected KIND=PLURAL, e.g. Endpoints=endpoints, got {s:?}")),
+        _ => Err(format!(
+            "expected KIND=PLURAL, e.g. Endpoints=endpoints, got {s:?}"
+        )),
     }
 }

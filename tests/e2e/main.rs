@@ -2,9 +2,11 @@
 //! (`tests/testenv`), with plugins loaded from ConfigMaps.
 //!
 //! Each test has its own namespace and its own host, restricted to that namespace with
-//! `--watch-namespace`, so the tests run side by side on one plane.
+//! `--watch-namespace`, so the tests run side by side on one plane. Only `deploy` also uses
+//! `wasmop-system`, where `kubectl apply -k deploy/` installs the host.
 
 mod common;
+mod deploy;
 mod failures;
 mod leader;
 mod memcached;

@@ -164,22 +164,16 @@ pub fn needs_of(kinds: &Kinds) -> Vec<Need> {
 pub async fn check(client: &Client, kinds: &Kinds, namespace: Option<&str>) -> Result<(), String> {
     let needs = needs_of(kinds);
     let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
-    let asks: Vec<(usize, &'static str)> = needs
-        .iter()
-        .enumerate()
-        .flat_map(|(i, n)| n.verbs.iter().map(move |v| (i, *v)))
-        .collect();
-    // A handful at a time: a plugin has a few kinds, so this is a few round trips.
-    let answers: Vec<(usize, &'static str, bool)> = stream::iter(asks)
-        .map(|(i, verb)| {
-            let api = &api;
-            let need = &needs[i];
-            let ns = namespace.filter(|_| need.namespaced);
-            async move { (i, verb, allowed(api, need, verb, ns).await) }
-        })
-        .buffered(8)
-        .collect()
-        .await;
+    // Owned futures, a handful at a time: a plugin has a few kinds, so a few round trips.
+    let mut asks = Vec::new();
+    for (i, need) in needs.iter().enumerate() {
+        let ns = namespace.filter(|_| need.namespaced).map(str::to_string);
+        for verb in need.verbs.iter().copied() {
+            let (api, need, ns) = (api.clone(), need.clone(), ns.clone());
+            asks.push(async move { (i, verb, allowed(&api, &need, verb, ns.as_deref()).await) });
+        }
+    }
+    let answers: Vec<(usize, &'static str, bool)> = stream::iter(asks).buffered(8).collect().await;
 
     let mut missing: Vec<(usize, Vec<&str>)> = Vec::new();
     for (i, verb, ok) in answers {

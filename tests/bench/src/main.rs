@@ -1,0 +1,255 @@
+//! `bench`: wasmop side by side with the same Memcached operator written in Go with
+//! controller-runtime and as a native kube-rs controller, each on a fresh local control
+//! plane; then ten operators on ten CRD kinds, as ten Go processes or one host with ten
+//! plugins; and the cost of one plugin call, sandboxed and native.
+//!
+//! ```sh
+//! cargo run --release -p bench -- --quick     # CI: 20 objects, one run, about 5 minutes
+//! cargo run --release -p bench                # 1000 objects, default and lifted limits
+//! ```
+//!
+//! It builds what it runs (see [`artifacts`]), prints a Markdown report and writes it to
+//! `docs/benchmarks.md` (with `--quick`, to `target/bench/benchmarks-quick.md`). It exits
+//! non-zero only when something is broken: a build fails, an operator crashes or never
+//! converges. Slow figures are reported, never judged.
+
+mod artifacts;
+mod calls;
+mod cluster;
+mod contestants;
+mod kinds;
+mod process;
+mod report;
+mod scenario;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use clap::Parser;
+
+use crate::contestants::{Contestant, Settings};
+use crate::kinds::Kind;
+use crate::report::{ManyRun, Report, SingleRun};
+use crate::scenario::Plan;
+
+/// Command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "bench",
+    about = "wasmop against Go controller-runtime and native kube-rs"
+)]
+struct Args {
+    /// CI mode: 20 objects, default client limits only, a 30 s steady window, 10 objects per
+    /// kind in the many-operators run.
+    #[arg(long)]
+    quick: bool,
+    /// Memcached objects in the one-operator runs [default: 1000, or 20 with --quick].
+    #[arg(long)]
+    crs: Option<usize>,
+    /// Parents reconciled at once, the same for every operator.
+    #[arg(long, default_value_t = 4)]
+    concurrency: usize,
+    /// Length of the steady-state window [default: 60 s, or 30 s with --quick].
+    #[arg(long)]
+    steady_seconds: Option<u64>,
+    /// Kinds in the many-operators run.
+    #[arg(long, default_value_t = 10)]
+    kinds: usize,
+    /// Objects per kind in the many-operators run [default: 100, or 10 with --quick].
+    #[arg(long)]
+    per_kind: Option<usize>,
+    /// Run only these contestants (go, native, wasmop).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Skip the many-operators run.
+    #[arg(long)]
+    skip_many: bool,
+    /// Skip the plugin-call timing.
+    #[arg(long)]
+    skip_calls: bool,
+    /// Where to write the report [default: docs/benchmarks.md, or
+    /// target/bench/benchmarks-quick.md with --quick].
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    match runtime.block_on(run(args)) {
+        Ok(report) if !report.failed() => ExitCode::SUCCESS,
+        Ok(_) => {
+            eprintln!("bench: something is broken; see Failures in the report");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<Report> {
+    let started = std::time::Instant::now();
+    let selected: Vec<Contestant> = Contestant::ALL
+        .into_iter()
+        .filter(|c| args.only.is_empty() || args.only.iter().any(|o| o == c.key()))
+        .collect();
+    if selected.is_empty() {
+        bail!("--only names none of go, native, wasmop");
+    }
+    let crs = args.crs.unwrap_or(if args.quick { 20 } else { 1000 });
+    let steady =
+        Duration::from_secs(
+            args.steady_seconds
+                .unwrap_or(if args.quick { 30 } else { 60 }),
+        );
+    let per_kind = args.per_kind.unwrap_or(if args.quick { 10 } else { 100 });
+    let many_kinds: Vec<Kind> = (0..args.kinds).map(Kind::bench).collect();
+    let art = tokio::task::spawn_blocking({
+        let kinds = if args.skip_many {
+            Vec::new()
+        } else {
+            many_kinds.clone()
+        };
+        move || artifacts::build(&kinds)
+    })
+    .await??;
+
+    let calls = if args.skip_calls {
+        None
+    } else {
+        eprintln!("bench: timing plugin calls");
+        let wasm = art.memcached.clone();
+        let n = if args.quick { 300 } else { 2000 };
+        let result = tokio::task::spawn_blocking(move || calls::measure(&wasm, n)).await?;
+        Some(result.map_err(|e| format!("{e:#}")))
+    };
+
+    let mut limits: Vec<(String, Option<(f64, u32)>)> =
+        vec![("default client rate limits".into(), None)];
+    if !args.quick {
+        limits.push((
+            "client rate limits lifted (1000 QPS, burst 2000)".into(),
+            Some((1000.0, 2000)),
+        ));
+    }
+    let one_kind = Plan {
+        kinds: vec![Kind::memcached()],
+        per_kind: crs,
+        steady,
+        hot_swap: true,
+    };
+    let mut single = Vec::new();
+    for (i, (title, limit)) in limits.iter().enumerate() {
+        let settings = Settings {
+            concurrency: args.concurrency,
+            resync: Duration::from_secs(10),
+            limits: *limit,
+        };
+        let mut results = Vec::new();
+        for c in Contestant::ALL {
+            let outcome = if selected.contains(&c) {
+                let tag = format!("run{i}");
+                let r = scenario::run(c, &art, &one_kind, &settings, &tag).await;
+                if let Err(e) = &r {
+                    eprintln!("bench: [{tag}] {} failed: {e:#}", c.label());
+                }
+                Some(r.map_err(|e| format!("{e:#}")))
+            } else {
+                None
+            };
+            results.push((c, outcome));
+        }
+        single.push(SingleRun {
+            title: title.clone(),
+            results,
+        });
+    }
+
+    let many = if args.skip_many {
+        None
+    } else {
+        let plan = Plan {
+            kinds: many_kinds.clone(),
+            per_kind,
+            steady: steady.min(Duration::from_secs(15)),
+            hot_swap: false,
+        };
+        let settings = Settings {
+            concurrency: args.concurrency,
+            resync: Duration::from_secs(10),
+            limits: None,
+        };
+        let selected = &selected;
+        let one = |c: Contestant| {
+            let (plan, settings, art) = (&plan, &settings, &art);
+            async move {
+                if !selected.contains(&c) {
+                    return None;
+                }
+                let r = scenario::run(c, art, plan, settings, "many").await;
+                if let Err(e) = &r {
+                    eprintln!("bench: [many] {} failed: {e:#}", c.label());
+                }
+                Some(r.map_err(|e| format!("{e:#}")))
+            }
+        };
+        let go = one(Contestant::Go).await;
+        let wasmop = one(Contestant::Wasmop).await;
+        Some(ManyRun {
+            kinds: args.kinds,
+            per_kind,
+            go,
+            wasmop,
+        })
+    };
+
+    let command = std::iter::once("cargo run --release -p bench --".to_owned())
+        .chain(std::env::args().skip(1))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let report = Report {
+        command,
+        date: report::today(),
+        machine: report::machine(),
+        setup: format!(
+            "{crs} Memcached objects (spec.size 1–3) created by {} clients in parallel, one per \
+             namespace; concurrency {} for every operator; forced resync every 10 s; steady \
+             window {} s",
+            cluster::NAMESPACES,
+            args.concurrency,
+            steady.as_secs()
+        ),
+        single,
+        many,
+        calls,
+        took_secs: started.elapsed().as_secs_f64(),
+    };
+    let text = report.markdown();
+    println!("{text}");
+    let out = args.out.clone().unwrap_or_else(|| {
+        if args.quick {
+            artifacts::bench_dir().join("benchmarks-quick.md")
+        } else {
+            artifacts::root().join("docs/benchmarks.md")
+        }
+    });
+    if let Some(dir) = out.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&out, &text)?;
+    eprintln!("bench: report written to {}", out.display());
+    Ok(report)
+}
