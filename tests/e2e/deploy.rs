@@ -133,9 +133,9 @@ async fn kustomize_install_runs_memcached_with_least_privilege() {
     let file = tree.join("probe.yaml");
     std::fs::write(&file, &packaged.stdout).unwrap();
     kubectl(&["apply", "--server-side", "-f", file.to_str().unwrap()]);
-    let refused = wait_event(&env, "probe", "LoadFailed").await;
+    let refused = wait_event(&env, "probe", "Forbidden").await;
     let message = refused.message.clone().unwrap_or_default();
-    println!("LoadFailed: {message}");
+    println!("Forbidden: {message}");
     assert_eq!(refused.type_.as_deref(), Some("Warning"));
     for missing in [
         "system:serviceaccount:wasmop-system:wasmop",

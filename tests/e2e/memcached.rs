@@ -74,8 +74,11 @@ async fn memcached_create_scale_drift_delete() {
     // What operators see: probes, metrics, and JSON logs whose reconcile spans name the plugin,
     // its digest and the parent.
     let addr = host.http_addr().await;
-    let (ready, _) = http_get(&addr, "/readyz").await;
-    assert_eq!(ready, 200);
+    testenv::wait_for("/readyz to answer 200", TIMEOUT, || async {
+        Ok::<_, String>((http_get(&addr, "/readyz").await.0 == 200).then_some(()))
+    })
+    .await
+    .unwrap();
     let (code, metrics) = http_get(&addr, "/metrics").await;
     assert_eq!(code, 200);
     assert!(

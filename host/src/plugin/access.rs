@@ -202,7 +202,7 @@ pub async fn check(client: &Client, kinds: &Kinds, namespace: Option<&str>) -> R
     };
     Err(format!(
         "{who} lacks permissions this plugin needs {scope}: it may not {}; grant them with \
-         `wasmop rbac <plugin.wasm> | kubectl apply -f -`, then restart the host",
+         `wasmop rbac <plugin.wasm> | kubectl apply -f -`",
         list.join("; ")
     ))
 }

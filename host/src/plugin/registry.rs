@@ -6,7 +6,7 @@
 //! a plugin that passes all of it replaces the running version, atomically; a bad one leaves
 //! the last good version running and says why in a Warning Event on its ConfigMap and in the
 //! log. Plugin states are visible with `kubectl describe configmap <plugin>` (Events `Loaded`,
-//! `Swapped`, `LoadFailed`, `WaitingForKinds`, `Unloaded`).
+//! `Swapped`, `LoadFailed`, `WaitingForKinds`, `Forbidden`).
 //!
 //! Deleting a ConfigMap stops its controller and leaves the children in place: they belong to
 //! their parents, not to the plugin.
@@ -33,6 +33,8 @@ use crate::watch::Hub;
 
 /// How often a plugin whose kinds are not served yet checks again.
 const KIND_RETRY: Duration = Duration::from_secs(5);
+/// How often a plugin the host may not serve checks its permissions again.
+const ACCESS_RETRY: Duration = Duration::from_secs(30);
 
 /// What the registry knows about one plugin ConfigMap.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,7 +42,7 @@ pub enum State {
     /// Being read or compiled.
     Loading,
     /// Loaded, but some of its kinds are not served yet (a CRD is missing).
-    WaitingForKinds(String),
+    Waiting(String),
     /// Reconciling.
     Running,
     /// The last version failed to load; if an older version was good, it still runs.
@@ -91,7 +93,12 @@ enum Msg {
 #[derive(Debug)]
 enum LoadError {
     Bad(String),
-    Waiting(String),
+    // Not loadable yet; checked again after `retry` (a CRD to install, RBAC to grant).
+    Waiting {
+        reason: &'static str,
+        message: String,
+        retry: Duration,
+    },
 }
 
 /// Follows the plugin ConfigMaps of one namespace.
@@ -265,24 +272,25 @@ impl Registry {
                 }
                 match *result {
                     Ok((loaded, kinds)) => self.activate(&configmap, loaded, kinds).await,
-                    Err(LoadError::Waiting(why)) => {
+                    Err(LoadError::Waiting {
+                        reason,
+                        message,
+                        retry,
+                    }) => {
                         let cm = slot.configmap.clone();
-                        let first = !matches!(slot.state, State::WaitingForKinds(_));
+                        let msg = format!("{message}; checking again every {}s", retry.as_secs());
+                        // One Event per distinct wait, not one per retry.
+                        let first = slot.state != State::Waiting(msg.clone());
                         if let Some(slot) = self.slots.get_mut(&configmap) {
-                            slot.state = State::WaitingForKinds(why.clone());
+                            slot.state = State::Waiting(msg.clone());
                         }
                         if first {
-                            let msg = format!(
-                                "waiting for kinds to be served: {why}; checking every {}s",
-                                KIND_RETRY.as_secs()
-                            );
                             tracing::warn!(configmap = %configmap, "{msg}");
-                            self.event(&cm, EventType::Warning, "WaitingForKinds", &msg)
-                                .await;
+                            self.event(&cm, EventType::Warning, reason, &msg).await;
                         }
                         let tx = self.tx.clone();
                         tokio::spawn(async move {
-                            tokio::time::sleep(KIND_RETRY).await;
+                            tokio::time::sleep(retry).await;
                             let _ = tx.send(Msg::Retry(configmap));
                         });
                     }
@@ -468,13 +476,23 @@ async fn load(env: &Env, source: PluginSource) -> Result<(Loaded, kinds::Kinds),
         .map_err(|e| LoadError::Bad(e.to_string()))?;
     let kinds = match kinds::resolve(&env.client, plugin.manifest()).await {
         Ok(k) => k,
-        Err(ResolveError::Missing(m)) => return Err(LoadError::Waiting(m.join(", "))),
+        Err(ResolveError::Missing(m)) => {
+            return Err(LoadError::Waiting {
+                reason: "WaitingForKinds",
+                message: format!("waiting for kinds to be served: {}", m.join(", ")),
+                retry: KIND_RETRY,
+            });
+        }
         Err(e) => return Err(LoadError::Bad(e.to_string())),
     };
     // Refused here, one clear message, rather than Forbidden on every watch and write.
     super::access::check(&env.client, &kinds, env.watch_namespace.as_deref())
         .await
-        .map_err(LoadError::Bad)?;
+        .map_err(|message| LoadError::Waiting {
+            reason: "Forbidden",
+            message,
+            retry: ACCESS_RETRY,
+        })?;
     let loaded = Loaded {
         plugin,
         settings: Arc::new(source.settings.clone()),

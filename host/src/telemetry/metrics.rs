@@ -203,6 +203,11 @@ mod tests {
                 call: "reconcile",
             })
             .observe(0.0002);
+        m.workqueue_depth
+            .get_or_create(&PluginLabels {
+                plugin: "unit".into(),
+            })
+            .set(3);
         let text = m.encode();
         assert!(
             text.contains(r#"wasmop_reconcile_total{plugin="unit",result="success"} 1"#),
