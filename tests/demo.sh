@@ -57,9 +57,11 @@ k get memcached,deploy,pods -o wide
 
 step "hot swap: the second build adds a headless Service, no restart"
 k -n wasmop-system create configmap memcached --from-file=memcached.wasm="$wasm/memcached_v2.wasm" \
-  --dry-run=client -o yaml | k label --local -f - wasmop.io/plugin= -o yaml | k apply -f -
+  --dry-run=client -o yaml | k label --local -f - wasmop.io/plugin= -o yaml | k apply --server-side --force-conflicts -f -
 until k get service memcached-sample >/dev/null 2>&1; do sleep 0.2; done
 k get memcached,services
+# The plugin's history, as `kubectl describe configmap` shows it.
+until k -n wasmop-system get events --field-selector involvedObject.name=memcached | grep -q 0.2.0; do sleep 0.2; done
 k -n wasmop-system get events --field-selector involvedObject.name=memcached
 
 step "ready: keep playing, Ctrl-C stops everything"
