@@ -4,13 +4,12 @@
 
 use std::io::Write;
 
-use anyhow::Context;
 use flate2::Compression;
 use flate2::write::GzEncoder;
 use serde::Serialize;
 
 use crate::cli::InspectArgs;
-use crate::sandbox::{Limits, Manifest, Sandbox, SandboxConfig};
+use crate::sandbox::Manifest;
 
 /// What `inspect` prints, in this order.
 #[derive(Serialize)]
@@ -24,15 +23,7 @@ struct Report<'a> {
 
 /// Runs `wasmop inspect`.
 pub fn run(args: InspectArgs) -> anyhow::Result<()> {
-    let wasm = std::fs::read(&args.plugin)
-        .with_context(|| format!("reading plugin {}", args.plugin.display()))?;
-    let sandbox = Sandbox::new(SandboxConfig {
-        max_instances: 1,
-        ..SandboxConfig::default()
-    })?;
-    let plugin = sandbox
-        .load_blocking(&wasm, Limits::default())
-        .with_context(|| format!("loading plugin {}", args.plugin.display()))?;
+    let (wasm, plugin) = super::load_module(&args.plugin)?;
     let report = Report {
         digest: plugin.digest(),
         size: plugin.size(),

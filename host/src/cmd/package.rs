@@ -22,7 +22,7 @@ use kube::api::ObjectMeta;
 use crate::cli::PackageArgs;
 use crate::plugin::PLUGIN_LABEL;
 use crate::plugin::source::SETTINGS_KEY;
-use crate::sandbox::{Limits, Sandbox, SandboxConfig, is_dns1123_subdomain};
+use crate::sandbox::is_dns1123_subdomain;
 
 /// Largest total of a ConfigMap's values the API server accepts.
 pub const CONFIGMAP_LIMIT: usize = 1 << 20;
@@ -62,15 +62,7 @@ pub struct Packaged {
 
 /// Runs `wasmop package`.
 pub fn run(args: PackageArgs) -> anyhow::Result<()> {
-    let wasm = std::fs::read(&args.plugin)
-        .with_context(|| format!("reading plugin {}", args.plugin.display()))?;
-    let sandbox = Sandbox::new(SandboxConfig {
-        max_instances: 1,
-        ..SandboxConfig::default()
-    })?;
-    let plugin = sandbox
-        .load_blocking(&wasm, Limits::default())
-        .with_context(|| format!("loading plugin {}", args.plugin.display()))?;
+    let (wasm, plugin) = super::load_module(&args.plugin)?;
     let settings = match &args.settings {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -190,7 +182,7 @@ mod tests {
                 .contains_key(PLUGIN_LABEL)
         );
         // The host reads back exactly the module and the settings.
-        let source = source::read(cm, &Limits::default()).unwrap();
+        let source = source::read(cm, &crate::sandbox::Limits::default()).unwrap();
         assert_eq!(source.wasm, wasm);
         assert_eq!(source.settings["replicas"], 2);
     }
@@ -203,7 +195,9 @@ mod tests {
         assert_eq!(p.stored, wasm.len());
         assert!(p.configmap.data.is_none());
         assert_eq!(
-            source::read(&p.configmap, &Limits::default()).unwrap().wasm,
+            source::read(&p.configmap, &crate::sandbox::Limits::default())
+                .unwrap()
+                .wasm,
             wasm
         );
     }

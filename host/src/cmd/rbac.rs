@@ -8,13 +8,12 @@
 
 use std::collections::BTreeMap;
 
-use anyhow::Context;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
 use kube::api::ObjectMeta;
 
 use crate::cli::RbacArgs;
 use crate::plugin::access::{self, Need, Resource};
-use crate::sandbox::{KindRef, Limits, Manifest, Sandbox, SandboxConfig};
+use crate::sandbox::{KindRef, Manifest};
 
 /// How to name and bind the rules.
 #[derive(Debug, Clone)]
@@ -31,15 +30,7 @@ pub struct Options {
 
 /// Runs `wasmop rbac`.
 pub fn run(args: RbacArgs) -> anyhow::Result<()> {
-    let wasm = std::fs::read(&args.plugin)
-        .with_context(|| format!("reading plugin {}", args.plugin.display()))?;
-    let sandbox = Sandbox::new(SandboxConfig {
-        max_instances: 1,
-        ..SandboxConfig::default()
-    })?;
-    let plugin = sandbox
-        .load_blocking(&wasm, Limits::default())
-        .with_context(|| format!("loading plugin {}", args.plugin.display()))?;
+    let (_, plugin) = super::load_module(&args.plugin)?;
     let options = Options {
         name: args.name,
         namespace: args.namespace,
