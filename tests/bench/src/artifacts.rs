@@ -59,7 +59,7 @@ pub fn build(kinds: &[Kind]) -> Result<Artifacts> {
     std::fs::create_dir_all(out.join("plugins"))?;
 
     let go = out.join("go-memcached");
-    eprintln!("bench: building the Go operator");
+    note!("building the Go operator");
     run(Command::new("go")
         .current_dir(root().join("tests/bench/go-memcached"))
         .args(["build", "-trimpath", "-o"])
@@ -68,7 +68,7 @@ pub fn build(kinds: &[Kind]) -> Result<Artifacts> {
         .env("CGO_ENABLED", "0"))
     .context("go build (Go 1.26 on PATH; modules from the Go module proxy)")?;
 
-    eprintln!("bench: building the host and the native controller");
+    note!("building the host and the native controller");
     // With `-p bench` features resolve as for `cargo run -p bench`, so nothing is rebuilt.
     run(Command::new(cargo())
         .current_dir(root())
@@ -76,7 +76,7 @@ pub fn build(kinds: &[Kind]) -> Result<Artifacts> {
         .args(["-p", "wasmop", "-p", "bench-native"]))?;
     let release = target_dir().join("release");
 
-    eprintln!("bench: building the plugins");
+    note!("building the plugins");
     let wasm_target = target_dir().join("wasm-test");
     let wasm = |args: &[&str], kind: Option<&str>| -> Result<()> {
         let mut cmd = Command::new(cargo());

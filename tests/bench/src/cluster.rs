@@ -104,7 +104,8 @@ pub fn plan(kinds: usize, per_kind: usize) -> Vec<Cr> {
                 kind,
                 ns_index: i % NAMESPACES,
                 namespace: namespace(i % NAMESPACES),
-                name: format!("mc-{i}"),
+                // Unique across kinds: each names a Deployment and its pods' label.
+                name: format!("mc-{kind}-{i}"),
                 size: 1 + (i % 3) as i64,
             })
         })

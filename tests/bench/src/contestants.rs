@@ -2,7 +2,7 @@
 //! native kube-rs controller, and the wasmop host with its plugin(s) in ConfigMaps.
 
 use std::net::TcpListener;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -127,43 +127,24 @@ pub async fn start(
             })
         }
         Contestant::Wasmop => {
-            let plugins: Vec<&Path> = if kinds.len() == 1 && kinds[0] == Kind::memcached() {
+            let plugins: Vec<&Path> = if is_plain(kinds) {
                 vec![&art.memcached]
             } else {
                 art.kind_plugins.iter().map(|p| p.as_path()).collect()
             };
             // A cold compile cache: a new host pod has none.
-            let cache = bench_dir().join("tmp").join(format!("{tag}-cache"));
+            let cache = cache_dir(tag);
             let _ = std::fs::remove_dir_all(&cache);
             std::fs::create_dir_all(&cache)?;
-            let port = free_port()?;
-            let mut cmd = Command::new(&art.wasmop);
-            cmd.env("KUBECONFIG", kubeconfig)
-                .env("XDG_CACHE_HOME", &cache)
-                .env("RUST_LOG", "info")
-                .args(["run", "--namespace", PLUGIN_NAMESPACE])
-                .args(["--concurrency", &concurrency, "--resync-seconds", &resync])
-                .args(["--probe-addr", &format!("127.0.0.1:{port}")])
-                .args(["--metrics-addr", &format!("127.0.0.1:{port}")]);
-            let log = logs.join(format!("{tag}-wasmop.log"));
-            let mut host = Proc::spawn("wasmop host", cmd, log)?;
-            host.wait_for_log("wasmop host starting", READY_TIMEOUT)
-                .await?;
+            let mut host = spawn_host(art, env, settings, tag, "wasmop").await?;
             // Let it list the (empty) plugin namespace first, so the load below is a change.
             tokio::time::sleep(Duration::from_secs(1)).await;
             let created = Instant::now();
-            let names: Vec<String> = if plugins.len() == 1 {
-                vec!["memcached".into()]
-            } else {
-                kinds.iter().map(Kind::plugin_name).collect()
-            };
+            let names = plugin_names(kinds);
             for (name, wasm) in names.iter().zip(&plugins) {
                 put_plugin(client, name, wasm).await?;
             }
-            for name in &names {
-                host.wait_for_log(&format!("loaded {name} "), READY_TIMEOUT)
-                    .await?;
-            }
+            wait_loaded(&mut host, &names).await?;
             let plugin_load = created.elapsed();
             Ok(Running {
                 procs: vec![host],
@@ -171,6 +152,74 @@ pub async fn start(
             })
         }
     }
+}
+
+/// Starts another host on the plugins already in the cluster, with the compile cache the
+/// first one filled, and waits until it has loaded them all.
+pub async fn restart_warm(
+    art: &Artifacts,
+    env: &TestEnv,
+    kinds: &[Kind],
+    settings: &Settings,
+    tag: &str,
+) -> Result<Proc> {
+    let mut host = spawn_host(art, env, settings, tag, "wasmop-warm").await?;
+    wait_loaded(&mut host, &plugin_names(kinds)).await?;
+    Ok(host)
+}
+
+/// The single-kind run uses `memcached.wasm`; other runs the bench plugin per kind.
+fn is_plain(kinds: &[Kind]) -> bool {
+    kinds.len() == 1 && kinds[0] == Kind::memcached()
+}
+
+fn plugin_names(kinds: &[Kind]) -> Vec<String> {
+    if is_plain(kinds) {
+        vec!["memcached".into()]
+    } else {
+        kinds.iter().map(Kind::plugin_name).collect()
+    }
+}
+
+fn cache_dir(tag: &str) -> PathBuf {
+    bench_dir().join("tmp").join(format!("{tag}-cache"))
+}
+
+async fn spawn_host(
+    art: &Artifacts,
+    env: &TestEnv,
+    settings: &Settings,
+    tag: &str,
+    log_name: &str,
+) -> Result<Proc> {
+    let port = free_port()?;
+    let mut cmd = Command::new(&art.wasmop);
+    cmd.env("KUBECONFIG", env.kubeconfig_path())
+        .env("XDG_CACHE_HOME", cache_dir(tag))
+        .env("RUST_LOG", "info")
+        .args(["run", "--namespace", PLUGIN_NAMESPACE])
+        .args(["--concurrency", &settings.concurrency.to_string()])
+        .args([
+            "--resync-seconds",
+            &settings.resync.as_secs().max(1).to_string(),
+        ])
+        .args(["--probe-addr", &format!("127.0.0.1:{port}")])
+        .args(["--metrics-addr", &format!("127.0.0.1:{port}")]);
+    let log = bench_dir()
+        .join("logs")
+        .join(format!("{tag}-{log_name}.log"));
+    let mut host = Proc::spawn("wasmop host", cmd, log)?;
+    host.wait_for_log("wasmop host starting", READY_TIMEOUT)
+        .await?;
+    Ok(host)
+}
+
+async fn wait_loaded(host: &mut Proc, names: &[String]) -> Result<()> {
+    for name in names {
+        host.wait_for_log(&format!("loaded {name} "), READY_TIMEOUT)
+            .await?;
+    }
+    Ok(())
 }
 
 /// Creates or updates the plugin ConfigMap `name` with the module at `wasm`.

@@ -13,6 +13,13 @@
 //! non-zero only when something is broken: a build fails, an operator crashes or never
 //! converges. Slow figures are reported, never judged.
 
+/// Progress on stderr, stamped with the seconds since the runner started.
+macro_rules! note {
+    ($($arg:tt)*) => {
+        eprintln!("bench [{:>6.1}s] {}", crate::elapsed(), format_args!($($arg)*))
+    };
+}
+
 mod artifacts;
 mod calls;
 mod cluster;
@@ -75,10 +82,21 @@ struct Args {
     out: Option<PathBuf>,
 }
 
+/// Seconds since the runner started.
+fn elapsed() -> f64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_secs_f64()
+}
+
 fn main() -> ExitCode {
+    elapsed();
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,kube_client=off".into()),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -90,11 +108,11 @@ fn main() -> ExitCode {
     match runtime.block_on(run(args)) {
         Ok(report) if !report.failed() => ExitCode::SUCCESS,
         Ok(_) => {
-            eprintln!("bench: something is broken; see Failures in the report");
+            note!("something is broken; see Failures in the report");
             ExitCode::FAILURE
         }
         Err(e) => {
-            eprintln!("bench: {e:#}");
+            note!("{e:#}");
             ExitCode::FAILURE
         }
     }
@@ -130,7 +148,7 @@ async fn run(args: Args) -> Result<Report> {
     let calls = if args.skip_calls {
         None
     } else {
-        eprintln!("bench: timing plugin calls");
+        note!("timing plugin calls");
         let wasm = art.memcached.clone();
         let n = if args.quick { 300 } else { 2000 };
         let result = tokio::task::spawn_blocking(move || calls::measure(&wasm, n)).await?;
@@ -164,7 +182,7 @@ async fn run(args: Args) -> Result<Report> {
                 let tag = format!("run{i}");
                 let r = scenario::run(c, &art, &one_kind, &settings, &tag).await;
                 if let Err(e) = &r {
-                    eprintln!("bench: [{tag}] {} failed: {e:#}", c.label());
+                    note!("[{tag}] {} failed: {e:#}", c.label());
                 }
                 Some(r.map_err(|e| format!("{e:#}")))
             } else {
@@ -201,7 +219,7 @@ async fn run(args: Args) -> Result<Report> {
                 }
                 let r = scenario::run(c, art, plan, settings, "many").await;
                 if let Err(e) = &r {
-                    eprintln!("bench: [many] {} failed: {e:#}", c.label());
+                    note!("[many] {} failed: {e:#}", c.label());
                 }
                 Some(r.map_err(|e| format!("{e:#}")))
             }
@@ -250,6 +268,6 @@ async fn run(args: Args) -> Result<Report> {
         std::fs::create_dir_all(dir)?;
     }
     std::fs::write(&out, &text)?;
-    eprintln!("bench: report written to {}", out.display());
+    note!("report written to {}", out.display());
     Ok(report)
 }

@@ -122,8 +122,10 @@ const METHOD: &str = r#"
   style, `Status().Update`); the plugin also reports an `Available` condition, and the host
   and the native controller add `observedGeneration` and a `Ready` condition, so they write
   status more often while pods come up. The host also records the plugin's Events on the
-  parents; the other two record none. The host's plugin load compiles the module with a cold
-  cache.
+  parents; the other two record none.
+- The host compiles its plugins with a cold compile cache, as a new pod would. Its RSS keeps
+  much of what compiling took, so after the steady window the runner starts a second host on
+  the same plugins with the now warm cache and reports its RSS too.
 - The many-operators run compares K Go processes, one per CRD kind, with one host running K
   builds of the same plugin (`tests/bench/plugin`, kind fixed at build time).
 "#;
@@ -161,7 +163,7 @@ fn row(
 fn ratio(num: Option<f64>, den: Option<f64>) -> String {
     match (num, den) {
         (Some(n), Some(d)) if d > 0.0 => format!("{:.2}×", n / d),
-        (Some(n), Some(_)) if n == 0.0 => "=".into(),
+        (Some(0.0), Some(_)) => "=".into(),
         _ => "–".into(),
     }
 }
@@ -279,6 +281,26 @@ fn single_table(w: &mut String, run: &SingleRun) {
                 d.as_secs_f64() * 1000.0
             ));
         }
+        if let Some(u) = o.warm_restart {
+            let mut vs = vec![format!(
+                "{:.0} % of the first host's RSS",
+                100.0 * u.rss_mib / o.at_steady.rss_mib
+            )];
+            for (i, name) in [(go, "Go"), (native, "kube-rs")] {
+                if let Some(Some(other)) = ok.get(i) {
+                    vs.push(format!(
+                        "{:.2}× {name}",
+                        u.rss_mib / other.at_steady.rss_mib
+                    ));
+                }
+            }
+            extras.push(format!(
+                "a second host started on the same plugin with a warm compile cache used \
+                 {:.1} MiB ({})",
+                u.rss_mib,
+                vs.join(", ")
+            ));
+        }
         if let Some(d) = o.hot_swap {
             extras.push(format!(
                 "hot swap to `memcached_v2.wasm`: every parent had its Service {:.1} s after the ConfigMap update",
@@ -387,6 +409,16 @@ fn many_table(w: &mut String, many: &ManyRun) {
         &ratios,
     );
     let _ = writeln!(w);
+    if let (Some(u), Some(go)) = (wasm.as_ref().and_then(|o| o.warm_restart), go.as_ref()) {
+        let _ = writeln!(
+            w,
+            "wasmop: a second host started on the same {k} plugins with a warm compile cache used \
+             {:.1} MiB ({:.2}× the Go processes together): most of the first host's RSS is what \
+             compiling the plugins left behind.\n",
+            u.rss_mib,
+            u.rss_mib / go.at_steady.rss_mib
+        );
+    }
     if let Some(d) = wasm.as_ref().and_then(|o| o.plugin_load) {
         let _ = writeln!(
             w,

@@ -147,12 +147,10 @@ async fn main() -> anyhow::Result<()> {
     // The streams below fill the stores once the controller polls them.
     let (ready_parents, ready_ctx) = (parents.clone(), Arc::clone(&ctx));
     tokio::spawn(async move {
-        let ready = ready_parents.wait_until_ready().await.is_ok()
-            && ready_ctx.deployments.wait_until_ready().await.is_ok()
-            && ready_ctx.pods.wait_until_ready().await.is_ok();
-        if ready {
-            tracing::info!("stores ready; reconciling");
-        }
+        ready(&ready_parents).await;
+        ready(&ready_ctx.deployments).await;
+        ready(&ready_ctx.pods).await;
+        tracing::info!("stores ready; reconciling");
     });
     let mapper_ctx = Arc::clone(&ctx);
     let mapper_ar = parent_ar.clone();
@@ -186,6 +184,18 @@ fn parse_kind(kind: &str) -> anyhow::Result<GroupVersionKind> {
     }
 }
 
+/// Waits until `store` has its first list. `Store::wait_until_ready` wakes only the last of
+/// several concurrent waiters, so each wait is short and retried.
+async fn ready<K: kube::Resource + Clone>(store: &Store<K>)
+where
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    while tokio::time::timeout(Duration::from_millis(50), store.wait_until_ready())
+        .await
+        .is_err()
+    {}
+}
+
 /// The parents whose last related selectors match this Pod (same namespace).
 fn parents_of_pod(
     ctx: &Ctx,
@@ -204,8 +214,8 @@ fn parents_of_pod(
 
 async fn reconcile(parent: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     // The controller waits for the parents' store only.
-    let _ = ctx.deployments.wait_until_ready().await;
-    let _ = ctx.pods.wait_until_ready().await;
+    ready(&ctx.deployments).await;
+    ready(&ctx.pods).await;
     let ns = parent.namespace().unwrap_or_default();
     let name = parent.name_any();
     let key = (ns.clone(), name.clone());
