@@ -110,7 +110,9 @@ const METHOD: &str = r#"
   here: every verb on the parent resource, on Deployments and Services (not their status
   subresource, which the controller-manager writes), and GET/LIST of Pods; minus the
   runner's own creates. Watches are counted by the apiserver only when they end and are left
-  out. `APPLY` is a server-side apply.
+  out. `APPLY` is a server-side apply. The counters carry no client, so this is approximate:
+  a few GETs of parents show up even for the native controller, which reads them only
+  through its watches (the controller-manager's garbage collector checks owners that way).
 - The steady window starts 5 s after convergence, with a forced resync every 10 s (wasmop
   `--resync-seconds 10`, Go `SyncPeriod` 10 s, kube-rs `Action::requeue` 10 s). An operator
   that writes nothing then shows 0 writes.
