@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Client;
@@ -95,6 +96,23 @@ impl Env {
             .iter()
             .map(|v| v.as_str().unwrap().to_string())
             .collect()
+    }
+
+    /// Waits until `Deployment/name` wants `replicas` replicas; returns it.
+    pub async fn wait_replicas(&self, name: &str, replicas: i32) -> Deployment {
+        let deployments = self.ns.api::<Deployment>();
+        testenv::wait_until(
+            &format!("Deployment {name} to want {replicas} replicas"),
+            TIMEOUT,
+            || async { deployments.get_opt(name).await },
+            |d| {
+                d.as_ref()
+                    .is_some_and(|d| d.spec.replicas == Some(replicas))
+            },
+        )
+        .await
+        .expect("deployment")
+        .expect("present")
     }
 
     /// Starts the host on this namespace (plugins and parents both live here).

@@ -120,7 +120,7 @@ async fn kustomize_install_runs_memcached_with_least_privilege() {
 
     // 3. Memcached reconciles with the granted RBAC only.
     env.put_memcached("cache", 2).await;
-    wait_replicas(&env, "cache", 2).await;
+    env.wait_replicas("cache", 2).await;
     env.wait_nodes("cache", 2).await;
     let loaded = wait_event(&env, "memcached", "Loaded").await;
     assert_eq!(loaded.type_.as_deref(), Some("Normal"));
@@ -148,7 +148,7 @@ async fn kustomize_install_runs_memcached_with_least_privilege() {
 
     // 5. Memcached keeps reconciling.
     env.put_memcached("cache", 3).await;
-    wait_replicas(&env, "cache", 3).await;
+    env.wait_replicas("cache", 3).await;
     env.wait_nodes("cache", 3).await;
     let logs = host.logs();
     assert!(
@@ -271,21 +271,6 @@ impl Drop for SaHost {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-async fn wait_replicas(env: &Env, name: &str, replicas: i32) {
-    let deployments = env.ns.api::<Deployment>();
-    testenv::wait_until(
-        &format!("Deployment {name} to want {replicas} replicas"),
-        TIMEOUT,
-        || async { deployments.get_opt(name).await },
-        |d| {
-            d.as_ref()
-                .is_some_and(|d| d.spec.replicas == Some(replicas))
-        },
-    )
-    .await
-    .expect("deployment");
 }
 
 /// The newest Event with `reason` on the plugin ConfigMap `configmap` in wasmop-system.

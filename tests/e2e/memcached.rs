@@ -9,22 +9,6 @@ use serde_json::json;
 
 use crate::common::{Env, Host, TIMEOUT, guests, http_get};
 
-async fn wait_replicas(env: &Env, name: &str, replicas: i32) -> Deployment {
-    let deployments = env.ns.api::<Deployment>();
-    testenv::wait_until(
-        &format!("Deployment {name} to want {replicas} replicas"),
-        TIMEOUT,
-        || async { deployments.get_opt(name).await },
-        |d| {
-            d.as_ref()
-                .is_some_and(|d| d.spec.replicas == Some(replicas))
-        },
-    )
-    .await
-    .expect("deployment")
-    .expect("present")
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn memcached_create_scale_drift_delete() {
     let env = Env::new("e2e-memcached").await;
@@ -41,7 +25,7 @@ async fn memcached_create_scale_drift_delete() {
         started.elapsed()
     );
     let cr = env.memcacheds().get("cache").await.unwrap();
-    let deployment = wait_replicas(&env, "cache", 3).await;
+    let deployment = env.wait_replicas("cache", 3).await;
     let owner = &deployment
         .metadata
         .owner_references
@@ -106,10 +90,10 @@ async fn memcached_create_scale_drift_delete() {
 
     // 2. Scale up and down.
     env.put_memcached("cache", 5).await;
-    wait_replicas(&env, "cache", 5).await;
+    env.wait_replicas("cache", 5).await;
     env.wait_nodes("cache", 5).await;
     env.put_memcached("cache", 2).await;
-    wait_replicas(&env, "cache", 2).await;
+    env.wait_replicas("cache", 2).await;
     env.wait_nodes("cache", 2).await;
 
     // 3. Drift: replicas changed by hand are restored.
@@ -122,7 +106,7 @@ async fn memcached_create_scale_drift_delete() {
         )
         .await
         .unwrap();
-    wait_replicas(&env, "cache", 2).await;
+    env.wait_replicas("cache", 2).await;
 
     // 4. Deleting the CR garbage-collects the Deployment and its pods.
     env.memcacheds()
