@@ -4,8 +4,8 @@
 //! plugins; and the cost of one plugin call, sandboxed and native.
 //!
 //! ```sh
-//! cargo run --release -p bench -- --quick     # CI: 20 objects, one run, about 5 minutes
-//! cargo run --release -p bench                # 1000 objects, default and lifted limits
+//! cargo run --release -p bench -- --quick     # CI: 20 objects, one run, ~4 min plus builds
+//! cargo run --release -p bench                # 1000 objects, both limit settings, ~20 min
 //! ```
 //!
 //! It builds what it runs (see [`artifacts`]), prints a Markdown report and writes it to

@@ -107,12 +107,13 @@ const METHOD: &str = r#"
   figures are summed (peaks too, though they need not coincide).
 - Requests come from the apiserver's `apiserver_request_total`, read before the first create,
   5 s after convergence, and after the steady window. They count what only an operator does
-  here: every verb on the parent resource, on Deployments and Services (not their status
-  subresource, which the controller-manager writes), and GET/LIST of Pods; minus the
+  here: every verb on the parent resource but GET, on Deployments and Services (not their
+  status subresource, which the controller-manager writes), and GET/LIST of Pods; minus the
   runner's own creates. Watches are counted by the apiserver only when they end and are left
-  out. `APPLY` is a server-side apply. The counters carry no client, so this is approximate:
-  a few GETs of parents show up even for the native controller, which reads them only
-  through its watches (the controller-manager's garbage collector checks owners that way).
+  out. `APPLY` is a server-side apply. The counters carry no client: GETs of parents are left
+  out because the controller-manager's garbage collector makes hundreds a minute at 1000
+  objects, alike under every operator, while none of the three GETs a parent (all read them
+  from watch caches).
 - The steady window starts 5 s after convergence, with a forced resync every 10 s (wasmop
   `--resync-seconds 10`, Go `SyncPeriod` 10 s, kube-rs `Action::requeue` 10 s). An operator
   that writes nothing then shows 0 writes.

@@ -89,6 +89,9 @@ struct Ctx {
     pods: Store<PartialObjectMeta<Pod>>,
     /// The related selectors of each parent's last reconcile, to map Pod changes back.
     selectors: Mutex<HashMap<ParentKey, Vec<Selector>>>,
+    /// The status last written per parent: the store may not show it yet when the next
+    /// event comes, and writing it again would be a wasted request.
+    written: Mutex<HashMap<ParentKey, Value>>,
     /// Consecutive failures per parent, for the backoff.
     failures: Mutex<HashMap<ParentKey, u32>>,
     limiter: Option<RateLimiter>,
@@ -138,6 +141,7 @@ async fn main() -> anyhow::Result<()> {
         deployments,
         pods,
         selectors: Mutex::default(),
+        written: Mutex::default(),
         failures: Mutex::default(),
         limiter,
         resync: Duration::from_secs(args.resync_seconds),
@@ -221,6 +225,7 @@ async fn reconcile(parent: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, 
     let key = (ns.clone(), name.clone());
     if parent.meta().deletion_timestamp.is_some() {
         ctx.selectors.lock().expect("selectors lock").remove(&key);
+        ctx.written.lock().expect("written lock").remove(&key);
         return Ok(Action::await_change());
     }
     let uid = parent.uid().unwrap_or_default();
@@ -323,7 +328,8 @@ async fn reconcile(parent: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, 
         response.status.as_ref(),
         parent.meta().generation,
     );
-    if observed_status != Some(&status) {
+    let already_written = ctx.written.lock().expect("written lock").get(&key) == Some(&status);
+    if observed_status != Some(&status) && !already_written {
         ctx.throttle().await;
         let parents: Api<DynamicObject> =
             Api::namespaced_with(ctx.client.clone(), &ns, &ctx.parent_ar);
@@ -337,6 +343,10 @@ async fn reconcile(parent: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, 
                 &Patch::Apply(&patch),
             )
             .await?;
+        ctx.written
+            .lock()
+            .expect("written lock")
+            .insert(key.clone(), status);
     }
 
     ctx.failures.lock().expect("failures lock").remove(&key);
