@@ -23,6 +23,21 @@ use wasmtime::component::Component;
 /// Components kept in memory; older ones are dropped first.
 const MEMORY_ENTRIES: usize = 32;
 
+/// One compile at a time. Each takes tens of MiB while it runs and wasmtime already spreads
+/// one over every core, so ten plugins loading at once would only multiply the peak.
+static COMPILING: Mutex<()> = Mutex::new(());
+
+/// Returns what a compile freed to the system: glibc keeps it otherwise, and the host's RSS
+/// would stay at the compile's peak for good.
+#[allow(unsafe_code)]
+fn give_back_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free heap pages; it has no preconditions.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// Where compiled components come from.
 pub(crate) struct ArtifactCache {
     /// `<dir>/components/<engine>`, or `None` for memory only.
@@ -57,8 +72,10 @@ impl ArtifactCache {
         let component = match self.read_disk(engine, digest_hex) {
             Some(component) => component,
             None => {
+                let _one = COMPILING.lock().unwrap_or_else(PoisonError::into_inner);
                 let component = Component::new(engine, wasm)?;
                 self.write_disk(digest_hex, &component);
+                give_back_freed_memory();
                 component
             }
         };
