@@ -98,7 +98,9 @@ pub trait Plugin {
     fn manifest() -> Manifest;
 
     /// For one parent, which related objects to gather before [`Plugin::reconcile`]. Every
-    /// selector's kind must be declared in the manifest. The default gathers nothing.
+    /// selector's kind must be declared in the manifest. The default gathers nothing. The host
+    /// keeps the answer until the parent's spec or metadata change, so it must not depend on
+    /// the parent's status.
     fn related(parent: &Self::Parent) -> Result<Vec<RelatedSelector>> {
         let _ = parent;
         Ok(Vec::new())

@@ -74,6 +74,11 @@ pub struct RunArgs {
     /// ConfigMap can override it with the annotation `wasmop.io/resync-seconds`).
     #[arg(long, default_value_t = 600)]
     pub resync_seconds: u64,
+    /// How long a reconcile waits after a child or related object changes, in milliseconds,
+    /// so a burst of changes (pods coming up one by one) becomes one reconcile and one status
+    /// write. Changes to the parent are not delayed.
+    #[arg(long, default_value_t = 500)]
+    pub debounce_ms: u64,
     /// Where `/healthz` and `/readyz` are served.
     #[arg(long, default_value = "0.0.0.0:8081")]
     pub probe_addr: std::net::SocketAddr,

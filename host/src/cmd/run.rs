@@ -71,6 +71,7 @@ async fn serve(args: RunArgs) -> anyhow::Result<()> {
     let config = controller::Config {
         concurrency: args.concurrency.max(1),
         resync: Duration::from_secs(args.resync_seconds.max(1)),
+        debounce: Duration::from_millis(args.debounce_ms),
         ..Default::default()
     };
     let identity = std::env::var("POD_NAME").ok().unwrap_or_else(|| {

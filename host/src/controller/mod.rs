@@ -6,11 +6,12 @@
 //! [`ControllerHandle::swap`]ped in without restarting anything: calls in flight finish on the
 //! old version, and every parent is reconciled again with the new one.
 
+pub mod events;
 pub mod kinds;
 pub mod queue;
 pub mod reconcile;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -25,7 +26,8 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::sandbox::Plugin;
+use crate::sandbox::{Plugin, RelatedSelector};
+
 use crate::watch::{Cache, Change, Hub, ObjKey, Subscription, key_of};
 use kinds::Kinds;
 use queue::{Backoff, Queue, Reason};
@@ -35,7 +37,8 @@ use queue::{Backoff, Queue, Reason};
 pub struct Config {
     /// Parents reconciled at the same time, per plugin.
     pub concurrency: usize,
-    /// Delay that coalesces a burst of changes into one reconcile.
+    /// Delay that gathers a burst of child and related changes (a Deployment rolling out its
+    /// pods) into one reconcile. Changes to the parent itself are not delayed.
     pub debounce: Duration,
     /// Reconcile every parent this often even when nothing changed (the plugin's ConfigMap can
     /// override it).
@@ -48,7 +51,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             concurrency: 4,
-            debounce: Duration::from_millis(50),
+            debounce: Duration::from_millis(500),
             resync: Duration::from_secs(600),
             backoff: Backoff::default(),
         }
@@ -130,9 +133,22 @@ pub struct Shared {
     /// Related objects, per entry of `kinds.related`.
     pub related: Vec<Arc<Cache>>,
     /// Records Events.
-    pub recorder: Recorder,
+    pub events: events::Events,
     /// The related selectors each parent's last reconcile asked for, to map changes back.
-    pub selectors: Mutex<HashMap<ObjKey, Vec<(usize, Selector)>>>,
+    /// Ordered by key, so the parents of one namespace are one range.
+    pub selectors: Mutex<BTreeMap<ObjKey, Related>>,
+}
+
+/// What `related(parent)` returned for one parent, and for which version of both.
+pub struct Related {
+    /// The plugin's digest.
+    pub digest: String,
+    /// [`fingerprint`] of the parent.
+    pub fingerprint: u64,
+    /// The selectors as the plugin returned them.
+    pub selectors: Vec<RelatedSelector>,
+    /// The same, parsed, with the index of their kind in `kinds.related`.
+    pub parsed: Vec<(usize, Selector)>,
 }
 
 #[derive(Clone, Copy)]
@@ -181,7 +197,7 @@ pub fn spawn(
         related: cache_of(|r| matches!(r, Role::Related(_))),
         kinds: kinds.clone(),
         child_kinds,
-        recorder,
+        events: events::Events::spawn(recorder),
         selectors: Mutex::default(),
     });
     let (tx, rx) = mpsc::unbounded_channel();
@@ -195,6 +211,7 @@ pub fn spawn(
         in_flight: HashSet::new(),
         dirty: HashMap::new(),
         failures: HashMap::new(),
+        deferred: HashSet::new(),
         fingerprints: HashMap::new(),
     };
     let (synced_tx, synced) = watch::channel(false);
@@ -217,6 +234,8 @@ struct Runner {
     in_flight: HashSet<ObjKey>,
     dirty: HashMap<ObjKey, Reason>,
     failures: HashMap<ObjKey, u32>,
+    // Parents whose last reconcile left the status to the next one; the next writes it.
+    deferred: HashSet<ObjKey>,
     // What of each parent, besides its status, we last saw: a status-only update (our own
     // write, usually) does not trigger a reconcile.
     fingerprints: HashMap<ObjKey, u64>,
@@ -282,7 +301,10 @@ impl Runner {
                         Err(e) => tracing::error!(error = %e, "reconcile task panicked"),
                     }
                 },
-                _ = sleep_until(due), if due.is_some() && stop.is_none() => {},
+                // With every slot busy a due entry waits for `join_next`; arming the timer
+                // then would wake this loop at once, again and again.
+                _ = sleep_until(due), if due.is_some() && stop.is_none()
+                    && self.running.len() < self.config.concurrency => {},
             }
             if stop.is_some() && self.running.is_empty() {
                 break;
@@ -308,8 +330,9 @@ impl Runner {
             self.in_flight.insert(key.clone());
             let shared = self.shared.clone();
             let loaded = self.loaded.clone();
+            let may_defer = !self.deferred.contains(&key);
             self.running.spawn(async move {
-                let result = reconcile::run(&shared, &loaded, &key, &reason).await;
+                let result = reconcile::run(&shared, &loaded, &key, &reason, may_defer).await;
                 (key, result)
             });
         }
@@ -328,12 +351,13 @@ impl Runner {
                         if self.fingerprints.insert(key.clone(), fp) == Some(fp) {
                             return;
                         }
-                        self.queue.schedule(key, at, Reason::ParentChanged);
+                        self.queue.schedule(key, now, Reason::ParentChanged);
                     }
                     Change::Deleted(_) => {
                         self.queue.remove(&key);
                         self.fingerprints.remove(&key);
                         self.failures.remove(&key);
+                        self.deferred.remove(&key);
                         self.shared
                             .selectors
                             .lock()
@@ -366,12 +390,22 @@ impl Runner {
                 let parent_namespaced = self.shared.kinds.parent.namespaced;
                 let hits: Vec<ObjKey> = {
                     let selectors = self.shared.selectors.lock().expect("selectors lock");
-                    selectors
-                        .iter()
-                        .filter(|((pns, _), _)| !parent_namespaced || pns.as_deref() == ns)
-                        .filter(|(_, sels)| sels.iter().any(|(k, s)| *k == i && s.matches(&labels)))
-                        .map(|(key, _)| key.clone())
-                        .collect()
+                    let matches = |(key, r): (&ObjKey, &Related)| {
+                        r.parsed
+                            .iter()
+                            .any(|(k, s)| *k == i && s.matches(&labels))
+                            .then(|| key.clone())
+                    };
+                    if parent_namespaced {
+                        let ns = ns.map(str::to_owned);
+                        selectors
+                            .range((ns.clone(), String::new())..)
+                            .take_while(|((pns, _), _)| *pns == ns)
+                            .filter_map(matches)
+                            .collect()
+                    } else {
+                        selectors.iter().filter_map(matches).collect()
+                    }
                 };
                 let what = describe(&self.shared.kinds.related[i].0.kind.kind, obj);
                 for key in hits {
@@ -395,8 +429,20 @@ impl Runner {
     fn on_done(&mut self, key: ObjKey, result: Result<reconcile::Outcome, ()>) {
         self.in_flight.remove(&key);
         let now = Instant::now();
+        let deferred = matches!(&result, Ok(o) if o.status_deferred);
+        if deferred {
+            self.deferred.insert(key.clone());
+            // The children's watch events normally ask first; this is in case none comes.
+            self.queue
+                .schedule(key.clone(), now + self.config.debounce, Reason::Settle);
+        } else {
+            self.deferred.remove(&key);
+        }
         match result {
             Ok(outcome) if outcome.gone => {
+                self.failures.remove(&key);
+            }
+            Ok(_) if deferred => {
                 self.failures.remove(&key);
             }
             Ok(outcome) => {
@@ -420,7 +466,11 @@ impl Runner {
             }
         }
         if let Some(reason) = self.dirty.remove(&key) {
-            self.queue.schedule(key, now + self.config.debounce, reason);
+            let at = match reason {
+                Reason::ParentChanged => now,
+                _ => now + self.config.debounce,
+            };
+            self.queue.schedule(key, at, reason);
         }
     }
 }
@@ -446,7 +496,7 @@ fn describe(kind: &str, obj: &DynamicObject) -> String {
 }
 
 /// Everything of a parent that a reconcile depends on, except its status.
-fn fingerprint(obj: &DynamicObject) -> u64 {
+pub(crate) fn fingerprint(obj: &DynamicObject) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     let m = &obj.metadata;

@@ -23,6 +23,8 @@ pub enum Reason {
     RelatedChanged(String),
     /// The plugin asked for it with `requeueAfterSeconds`.
     Requeue,
+    /// The last reconcile changed children and left the status to this one.
+    Settle,
     /// The periodic resync.
     Resync,
     /// A new plugin version was loaded.
@@ -38,6 +40,7 @@ impl fmt::Display for Reason {
             Reason::ChildChanged(what) => write!(f, "child changed ({what})"),
             Reason::RelatedChanged(what) => write!(f, "related changed ({what})"),
             Reason::Requeue => f.write_str("requeue"),
+            Reason::Settle => f.write_str("children changed; status follows"),
             Reason::Resync => f.write_str("resync"),
             Reason::PluginSwapped => f.write_str("plugin swapped"),
             Reason::Retry(n) => write!(f, "retry {n} after error"),

@@ -17,11 +17,12 @@ use kube::runtime::events::{Event, EventType};
 use serde_json::{Value, json};
 use tracing::Instrument;
 
+use super::kinds::Kinds;
 use super::queue::Reason;
-use super::{Loaded, Shared};
+use super::{Loaded, Related, Shared};
 use crate::apply::{self, Children};
 use crate::gather::{self, Observed};
-use crate::sandbox::{KindRef, Manifest};
+use crate::sandbox::{KindRef, Manifest, RelatedSelector};
 use crate::status::{self, Ready};
 use crate::telemetry::metrics;
 use crate::telemetry::metrics::{CallLabels, PluginLabels, ReasonLabels, ResultLabels};
@@ -35,6 +36,9 @@ pub struct Outcome {
     pub gone: bool,
     /// The plugin asked to be called again after this long.
     pub requeue_after: Option<Duration>,
+    /// Children were just changed, so the status was left for the reconcile their watch
+    /// events bring, which sees them.
+    pub status_deferred: bool,
 }
 
 /// A failed step, with the reason that goes into the `Ready` condition.
@@ -63,6 +67,7 @@ pub async fn run(
     loaded: &Loaded,
     key: &ObjKey,
     reason: &Reason,
+    may_defer_status: bool,
 ) -> Result<Outcome, ()> {
     let manifest = loaded.plugin.manifest();
     let span = tracing::info_span!(
@@ -81,7 +86,7 @@ pub async fn run(
         let started = std::time::Instant::now();
         let m = metrics();
         let labels = |result| ResultLabels { plugin: manifest.name.clone(), result };
-        let result = match steps(shared, loaded, &parent).await {
+        let result = match steps(shared, loaded, &parent, may_defer_status).await {
             Ok(outcome) => {
                 tracing::debug!(elapsed_ms = started.elapsed().as_millis() as u64, "reconciled");
                 m.reconciles.get_or_create(&labels("success")).inc();
@@ -110,6 +115,7 @@ async fn steps(
     shared: &Shared,
     loaded: &Loaded,
     parent: &Arc<DynamicObject>,
+    may_defer_status: bool,
 ) -> Result<Outcome, Failure> {
     let plugin = &loaded.plugin;
     let manifest = plugin.manifest();
@@ -134,39 +140,38 @@ async fn steps(
         add_finalizer(&api, parent, &finalizer).await?;
     }
 
-    // 2. Related selectors, kept for mapping related changes back to this parent.
+    // 2. Related selectors, kept for mapping related changes back to this parent. They depend
+    // on the parent's spec and metadata only, so they are asked again when those change or a
+    // new plugin version runs.
     let parent_json = serde_json::to_value(parent.as_ref()).expect("object serialises");
-    let selectors = timed(manifest, "related", plugin.related(&parent_json))
-        .await
-        .map_err(|e| Failure::new(e.kind.reason(), e.to_string()))?;
-    let mut compiled = Vec::new();
-    for sel in &selectors {
-        let idx = kinds.related.iter().position(|(k, _)| k.kind == sel.kind);
-        let parsed = Selector::try_from(sel.selector.clone());
-        match (idx, parsed) {
-            (Some(i), Ok(s)) => compiled.push((i, s)),
-            (None, _) => {
-                return Err(Failure::new(
-                    "InvalidRelatedSelector",
-                    format!(
-                        "related() returned a selector for undeclared kind {}/{}",
-                        sel.kind.api_version, sel.kind.kind
-                    ),
-                ));
-            }
-            (_, Err(e)) => {
-                return Err(Failure::new(
-                    "InvalidRelatedSelector",
-                    format!("related(): {e}"),
-                ));
-            }
+    let key = crate::watch::key_of(parent);
+    let fingerprint = super::fingerprint(parent);
+    let known = {
+        let cached = shared.selectors.lock().expect("selectors lock");
+        cached
+            .get(&key)
+            .filter(|r| r.fingerprint == fingerprint && r.digest == plugin.digest())
+            .map(|r| r.selectors.clone())
+    };
+    let selectors = match known {
+        Some(selectors) => selectors,
+        None => {
+            let selectors = timed(manifest, "related", plugin.related(&parent_json))
+                .await
+                .map_err(|e| Failure::new(e.kind.reason(), e.to_string()))?;
+            let parsed = parse_selectors(kinds, &selectors)?;
+            shared.selectors.lock().expect("selectors lock").insert(
+                key,
+                Related {
+                    digest: plugin.digest().to_owned(),
+                    fingerprint,
+                    selectors: selectors.clone(),
+                    parsed,
+                },
+            );
+            selectors
         }
-    }
-    shared
-        .selectors
-        .lock()
-        .expect("selectors lock")
-        .insert(crate::watch::key_of(parent), compiled);
+    };
 
     // 3. Gather and call.
     let parent_scope = kinds.parent.scope();
@@ -242,7 +247,10 @@ async fn steps(
         );
     }
 
-    // 6. Status, only when it changed.
+    // 6. Status, only when it changed. Right after children changed it would describe what
+    // they were before, and be written again as soon as their watch events come back; so it
+    // waits for that reconcile (once: a plugin whose children never settle still gets status).
+    let status_deferred = may_defer_status && (applied.applied > 0 || applied.pruned > 0);
     let ready = Ready {
         ok: true,
         reason: "Reconciled".into(),
@@ -255,7 +263,7 @@ async fn steps(
         &ready,
         &status::now(),
     );
-    if !deleting {
+    if !deleting && !status_deferred {
         status::write(&api, parent, desired, &field_manager)
             .await
             .map_err(|e| Failure::new("StatusWriteFailed", e.to_string()))?;
@@ -267,7 +275,7 @@ async fn steps(
             wasmop_guest::wire::EventType::Normal => EventType::Normal,
             wasmop_guest::wire::EventType::Warning => EventType::Warning,
         };
-        publish(shared, parent, type_, &ev.reason, &ev.message).await;
+        publish(shared, parent, type_, &ev.reason, &ev.message);
     }
 
     // 8. Finalizer removal once the plugin is done.
@@ -281,6 +289,7 @@ async fn steps(
     Ok(Outcome {
         gone: false,
         requeue_after: valid.requeue_after,
+        status_deferred,
     })
 }
 
@@ -309,7 +318,7 @@ async fn record_failure(
     failure: Failure,
 ) {
     let message = format!("plugin {} failed: {}", loaded.describe(), failure.message);
-    publish(shared, parent, EventType::Warning, failure.reason, &message).await;
+    publish(shared, parent, EventType::Warning, failure.reason, &message);
     if parent.metadata.deletion_timestamp.is_some() {
         return;
     }
@@ -346,13 +355,7 @@ fn truncate(s: &str, max: usize) -> String {
     format!("{}…", &s[..end])
 }
 
-async fn publish(
-    shared: &Shared,
-    parent: &DynamicObject,
-    type_: EventType,
-    reason: &str,
-    message: &str,
-) {
+fn publish(shared: &Shared, parent: &DynamicObject, type_: EventType, reason: &str, message: &str) {
     let types = parent.types.clone().unwrap_or_default();
     let reference = ObjectReference {
         api_version: Some(types.api_version),
@@ -370,9 +373,7 @@ async fn publish(
         action: "Reconcile".into(),
         secondary: None,
     };
-    if let Err(e) = shared.recorder.publish(&event, &reference).await {
-        tracing::warn!(error = %e, reason, "could not record an Event");
-    }
+    shared.events.record(event, reference);
 }
 
 async fn add_finalizer(
@@ -411,6 +412,36 @@ async fn set_finalizers(
         .await
         .map(|_| ())
         .map_err(|e| Failure::new("FinalizerUpdateFailed", e.to_string()))
+}
+
+/// Parses what `related` returned, checking each kind was declared.
+fn parse_selectors(
+    kinds: &Kinds,
+    selectors: &[RelatedSelector],
+) -> Result<Vec<(usize, Selector)>, Failure> {
+    let mut parsed = Vec::with_capacity(selectors.len());
+    for sel in selectors {
+        let idx = kinds.related.iter().position(|(k, _)| k.kind == sel.kind);
+        match (idx, Selector::try_from(sel.selector.clone())) {
+            (Some(i), Ok(s)) => parsed.push((i, s)),
+            (None, _) => {
+                return Err(Failure::new(
+                    "InvalidRelatedSelector",
+                    format!(
+                        "related() returned a selector for undeclared kind {}/{}",
+                        sel.kind.api_version, sel.kind.kind
+                    ),
+                ));
+            }
+            (_, Err(e)) => {
+                return Err(Failure::new(
+                    "InvalidRelatedSelector",
+                    format!("related(): {e}"),
+                ));
+            }
+        }
+    }
+    Ok(parsed)
 }
 
 /// Gathers from the shared caches: children through the owner-UID index, related objects by
