@@ -412,6 +412,13 @@ fn many_table(w: &mut String, many: &ManyRun) {
         &ratios,
     );
     let _ = writeln!(w);
+    let _ = writeln!(w, "Requests while converging, by verb and resource:\n");
+    for (label, o) in [("Go controller-runtime", &go), ("wasmop", &wasm)] {
+        if let Some(o) = o {
+            let _ = writeln!(w, "- {label}: {}", o.converging.describe());
+        }
+    }
+    let _ = writeln!(w);
     if let (Some(u), Some(go)) = (wasm.as_ref().and_then(|o| o.warm_restart), go.as_ref()) {
         let _ = writeln!(
             w,
