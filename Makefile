@@ -7,9 +7,10 @@ demo: setup
 	tests/demo.sh
 
 # Every test: lints, unit tests, the sandbox suite and the end-to-end suite on a real
-# control plane.
+# control plane, then the benchmark runner in its quick mode (20 objects) so it keeps working.
 test: setup plane lint
 	cargo test --workspace
+	cargo run --release -p bench -- --quick
 
 setup:
 	tests/setup.sh
