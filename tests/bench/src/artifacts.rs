@@ -65,7 +65,9 @@ pub fn build(kinds: &[Kind]) -> Result<Artifacts> {
         .args(["build", "-trimpath", "-o"])
         .arg(&go)
         .arg(".")
-        .env("CGO_ENABLED", "0"))
+        .env("CGO_ENABLED", "0")
+        // The Go on PATH, never a toolchain download.
+        .env("GOTOOLCHAIN", "local"))
     .context("go build (Go 1.26 on PATH; modules from the Go module proxy)")?;
 
     note!("building the host and the native controller");

@@ -5,7 +5,7 @@
 //!
 //! ```sh
 //! cargo run --release -p bench -- --quick     # CI: 20 objects, one run, ~4 min plus builds
-//! cargo run --release -p bench                # 1000 objects, both limit settings, ~20 min
+//! cargo run --release -p bench                # 1000 objects, both limit settings, ~16 min
 //! ```
 //!
 //! It builds what it runs (see [`artifacts`]), prints a Markdown report and writes it to

@@ -126,9 +126,9 @@ const METHOD: &str = r#"
   and the native controller add `observedGeneration` and a `Ready` condition, so they write
   status more often while pods come up. The host also records the plugin's Events on the
   parents; the other two record none.
-- The host compiles its plugins with a cold compile cache, as a new pod would. Its RSS keeps
-  much of what compiling took, so after the steady window the runner starts a second host on
-  the same plugins with the now warm cache and reports its RSS too.
+- The host compiles its plugins with a cold compile cache, as a new pod would: that is most
+  of its start-up CPU and sets its early peak RSS. After the steady window the runner starts
+  a second host on the same plugins with the now warm cache and reports its RSS too.
 - The many-operators run compares K Go processes, one per CRD kind, with one host running K
   builds of the same plugin (`tests/bench/plugin`, kind fixed at build time).
 "#;
@@ -423,8 +423,7 @@ fn many_table(w: &mut String, many: &ManyRun) {
         let _ = writeln!(
             w,
             "wasmop: a second host started on the same {k} plugins with a warm compile cache used \
-             {:.1} MiB ({:.2}× the Go processes together): most of the first host's RSS is what \
-             compiling the plugins left behind.\n",
+             {:.1} MiB ({:.2}× the Go processes together).\n",
             u.rss_mib,
             u.rss_mib / go.at_steady.rss_mib
         );
