@@ -112,11 +112,15 @@ async fn a_trapping_plugin_does_not_disturb_the_others() {
             .contains("adversarial 0.1.0"),
         "{ready}"
     );
-    let events = events_for(&env, "Probe", "p").await;
-    assert!(
-        events.iter().any(|e| e.type_.as_deref() == Some("Warning")),
-        "{events:?}"
-    );
+    // Events are written off the reconcile path, so this one may follow the status.
+    testenv::wait_until(
+        "a Warning Event on Probe p",
+        TIMEOUT,
+        || async { Ok::<_, kube::Error>(events_for(&env, "Probe", "p").await) },
+        |events| events.iter().any(|e| e.type_.as_deref() == Some("Warning")),
+    )
+    .await
+    .unwrap();
 
     // Meanwhile memcached keeps serving.
     env.put_memcached("cache", 1).await;

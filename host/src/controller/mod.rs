@@ -27,7 +27,6 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::sandbox::{Plugin, RelatedSelector};
-
 use crate::watch::{Cache, Change, Hub, ObjKey, Subscription, key_of};
 use kinds::Kinds;
 use queue::{Backoff, Queue, Reason};
