@@ -474,20 +474,13 @@ impl Observed for CacheObserved<'_> {
         let Some(i) = kinds.related.iter().position(|(k, _)| &k.kind == kind) else {
             return Vec::new();
         };
-        let Ok(selector) = Selector::try_from(selector.clone()) else {
-            return Vec::new();
-        };
-        use kube::core::SelectorExt;
         let ns = if kinds.parent.namespaced {
             namespace
         } else {
             None
         };
         self.0.related[i]
-            .list(ns, |o| {
-                let empty = Default::default();
-                selector.matches(o.metadata.labels.as_ref().unwrap_or(&empty))
-            })
+            .select(ns, selector)
             .iter()
             .map(|o| serde_json::to_value(o.as_ref()).expect("object serialises"))
             .collect()

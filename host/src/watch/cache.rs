@@ -1,13 +1,16 @@
 //! An in-memory copy of one resource type, indexed for the questions the controller asks.
 //!
-//! Objects are kept once, behind `Arc`, by namespace and name. Two indexes answer the hot
-//! questions without scanning: which objects a given owner UID *controls*, and which objects
-//! live in a namespace. `managedFields` never reach the cache.
+//! Objects are kept once, behind `Arc`, by namespace and name. Indexes answer the hot
+//! questions without scanning: which objects a given owner UID *controls*, which live in a
+//! namespace, and which carry a label (so a selector with `matchLabels` looks only at those).
+//! `managedFields` never reach the cache.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::DynamicObject;
+use kube::core::{Selector, SelectorExt};
 
 /// Namespace (`None` for cluster-scoped objects) and name.
 pub type ObjKey = (Option<String>, String);
@@ -40,7 +43,19 @@ pub struct Cache {
 struct State {
     by_namespace: HashMap<Option<String>, HashMap<String, Arc<DynamicObject>>>,
     by_controller: HashMap<String, HashSet<ObjKey>>,
+    by_label: HashMap<LabelKey, HashSet<String>>,
     len: usize,
+}
+
+/// Namespace, label key and value.
+type LabelKey = (Option<String>, String, String);
+
+fn label_keys(obj: &DynamicObject) -> impl Iterator<Item = LabelKey> + '_ {
+    obj.metadata
+        .labels
+        .iter()
+        .flatten()
+        .map(|(k, v)| (obj.metadata.namespace.clone(), k.clone(), v.clone()))
 }
 
 impl State {
@@ -51,6 +66,15 @@ impl State {
                 .entry(uid.to_string())
                 .or_default()
                 .insert((ns.clone(), name.clone()));
+        }
+        if let Some(old) = self.by_namespace.get(&ns).and_then(|m| m.get(&name))
+            && old.metadata.labels != obj.metadata.labels
+        {
+            let old = old.clone();
+            self.unindex_labels(&old);
+        }
+        for label in label_keys(&obj) {
+            self.by_label.entry(label).or_default().insert(name.clone());
         }
         let prev = self.by_namespace.entry(ns).or_default().insert(name, obj);
         match &prev {
@@ -70,7 +94,20 @@ impl State {
         if let Some(uid) = controller_uid(&old) {
             self.unindex(uid, key);
         }
+        self.unindex_labels(&old);
         Some(old)
+    }
+
+    fn unindex_labels(&mut self, old: &DynamicObject) {
+        let name = old.metadata.name.as_deref().unwrap_or_default();
+        for label in label_keys(old) {
+            if let Some(names) = self.by_label.get_mut(&label) {
+                names.remove(name);
+                if names.is_empty() {
+                    self.by_label.remove(&label);
+                }
+            }
+        }
     }
 
     // An update can change or drop the controller reference: clear the stale index entry.
@@ -175,6 +212,47 @@ impl Cache {
         out
     }
 
+    /// The objects in one namespace (all of them for `None`) whose labels match `selector`.
+    /// In a namespace, only the objects carrying the rarest of its `matchLabels` are tested.
+    pub fn select(
+        &self,
+        namespace: Option<&str>,
+        selector: &LabelSelector,
+    ) -> Vec<Arc<DynamicObject>> {
+        let Ok(parsed) = Selector::try_from(selector.clone()) else {
+            return Vec::new();
+        };
+        let empty = Default::default();
+        let matches =
+            |o: &DynamicObject| parsed.matches(o.metadata.labels.as_ref().unwrap_or(&empty));
+        let state = self.state.read().expect("cache lock");
+        let Some(ns) = namespace else {
+            drop(state);
+            return self.list(None, matches);
+        };
+        let ns = Some(ns.to_owned());
+        let candidates = selector
+            .match_labels
+            .iter()
+            .flatten()
+            .map(|(k, v)| state.by_label.get(&(ns.clone(), k.clone(), v.clone())))
+            .min_by_key(|names| names.map_or(0, HashSet::len));
+        let Some(objects) = state.by_namespace.get(&ns) else {
+            return Vec::new();
+        };
+        match candidates {
+            // Some required label is on no object at all.
+            Some(None) => Vec::new(),
+            Some(Some(names)) => names
+                .iter()
+                .filter_map(|n| objects.get(n))
+                .filter(|o| matches(o))
+                .cloned()
+                .collect(),
+            None => objects.values().filter(|o| matches(o)).cloned().collect(),
+        }
+    }
+
     /// How many objects are stored.
     pub fn len(&self) -> usize {
         self.state.read().expect("cache lock").len
@@ -220,6 +298,59 @@ mod tests {
             .collect();
         n.sort();
         n
+    }
+
+    fn labelled(ns: &str, name: &str, labels: &[(&str, &str)]) -> Arc<DynamicObject> {
+        let mut o = Arc::unwrap_or_clone(obj(ns, name, None));
+        o.metadata.labels = Some(
+            labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+        Arc::new(o)
+    }
+
+    fn selector(match_labels: &[(&str, &str)], expr: Option<(&str, &str)>) -> LabelSelector {
+        serde_json::from_value(json!({
+            "matchLabels": match_labels.iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>(),
+            "matchExpressions": expr.map(|(k, v)| vec![json!({"key": k, "operator": "In", "values": [v]})]).unwrap_or_default(),
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn select_uses_the_label_index_and_follows_changes() {
+        let cache = Cache::default();
+        cache.apply(labelled("a", "p1", &[("app", "mc"), ("cr", "x")]));
+        cache.apply(labelled("a", "p2", &[("app", "mc"), ("cr", "y")]));
+        cache.apply(labelled("b", "p3", &[("app", "mc"), ("cr", "x")]));
+        cache.apply(labelled("a", "p4", &[("tier", "web")]));
+        let x = selector(&[("app", "mc"), ("cr", "x")], None);
+        assert_eq!(names(cache.select(Some("a"), &x)), ["p1"]);
+        assert_eq!(names(cache.select(None, &x)), ["p1", "p3"]);
+        assert!(
+            cache
+                .select(Some("a"), &selector(&[("cr", "z")], None))
+                .is_empty()
+        );
+        // Expressions are still checked on the indexed candidates; no matchLabels scans.
+        let mc_y = selector(&[("app", "mc")], Some(("cr", "y")));
+        assert_eq!(names(cache.select(Some("a"), &mc_y)), ["p2"]);
+        let web = selector(&[], Some(("tier", "web")));
+        assert_eq!(names(cache.select(Some("a"), &web)), ["p4"]);
+        // A relabelled object moves in the index; a deleted one leaves it.
+        cache.apply(labelled("a", "p2", &[("app", "mc"), ("cr", "x")]));
+        assert_eq!(names(cache.select(Some("a"), &x)), ["p1", "p2"]);
+        assert!(cache.select(Some("a"), &mc_y).is_empty());
+        cache.delete(&(Some("a".into()), "p1".into()));
+        assert_eq!(names(cache.select(Some("a"), &x)), ["p2"]);
+        let state = cache.state.read().unwrap();
+        assert!(
+            !state
+                .by_label
+                .contains_key(&(Some("a".into()), "cr".into(), "y".into()))
+        );
     }
 
     #[test]
