@@ -225,12 +225,11 @@ impl Cache {
         let empty = Default::default();
         let matches =
             |o: &DynamicObject| parsed.matches(o.metadata.labels.as_ref().unwrap_or(&empty));
-        let state = self.state.read().expect("cache lock");
         let Some(ns) = namespace else {
-            drop(state);
             return self.list(None, matches);
         };
         let ns = Some(ns.to_owned());
+        let state = self.state.read().expect("cache lock");
         let candidates = selector
             .match_labels
             .iter()
