@@ -1,7 +1,8 @@
 //! Compiled components, cached by module digest: in memory (a small bounded map) and, when a
 //! directory is configured, on disk.
 //!
-//! Compiling a plugin takes tens of milliseconds; loading a cached artifact well under one.
+//! Compiling a plugin takes most of a CPU second (the Memcached plugin: 0.6–0.8 s on two
+//! cores); loading a cached artifact takes a few milliseconds.
 //! Disk entries live under `<dir>/components/<engine>/<digest>.cwasm`, where `<engine>` is a
 //! SHA-256 of wasmtime's [`Engine::precompile_compatibility_hash`] (wasmtime version, target,
 //! CPU flags, tunables), so a host upgrade never reads an incompatible artifact. wasmtime does
