@@ -145,7 +145,6 @@ pub fn plugin_configmap(name: &str, wasm: &[u8], settings: Option<&str>) -> Valu
 
 /// Applies every CRD in `deploy/crds/` and a test-only `Probe` kind, and waits until served.
 async fn install_crds(client: &Client) {
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let dir = guests::workspace_root().join("deploy/crds");
     let mut crds: Vec<CustomResourceDefinition> = Vec::new();
     for entry in std::fs::read_dir(&dir).expect("deploy/crds") {
@@ -158,29 +157,9 @@ async fn install_crds(client: &Client) {
     }
     crds.push(serde_json::from_value(probe_crd()).unwrap());
     for crd in &crds {
-        let name = crd.metadata.name.clone().unwrap();
-        api.patch(
-            &name,
-            &PatchParams::apply("e2e").force(),
-            &Patch::Apply(crd),
-        )
-        .await
-        .expect("apply CRD");
-        testenv::wait_until(
-            &format!("CRD {name} to be established"),
-            TIMEOUT,
-            || async { api.get(&name).await.map(|c| c.status) },
-            |s| {
-                s.as_ref()
-                    .and_then(|s| s.conditions.as_ref())
-                    .is_some_and(|c| {
-                        c.iter()
-                            .any(|c| c.type_ == "Established" && c.status == "True")
-                    })
-            },
-        )
-        .await
-        .expect("CRD established");
+        testenv::apply_crd(client, crd, "e2e", TIMEOUT)
+            .await
+            .expect("CRD established");
     }
 }
 

@@ -9,7 +9,7 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Event, Namespace, Service};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, PostParams};
 use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
@@ -40,29 +40,12 @@ pub async fn install_crds(client: &Client, kinds: &[Kind]) -> Result<()> {
         .context("an empty CRD file")?;
     let template = CustomResourceDefinition::deserialize(doc)
         .with_context(|| format!("parsing {}", path.display()))?;
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     for kind in kinds {
-        let crd = kind.crd(&template);
-        let name = crd.metadata.name.clone().unwrap_or_default();
-        api.patch(
-            &name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&crd),
-        )
-        .await
-        .with_context(|| format!("applying CRD {name}"))?;
-        testenv::wait_until(
-            &format!("CRD {name} to be established"),
+        testenv::apply_crd(
+            client,
+            &kind.crd(&template),
+            FIELD_MANAGER,
             Duration::from_secs(60),
-            || async { api.get(&name).await.map(|c| c.status) },
-            |s| {
-                s.as_ref()
-                    .and_then(|s| s.conditions.as_ref())
-                    .is_some_and(|c| {
-                        c.iter()
-                            .any(|c| c.type_ == "Established" && c.status == "True")
-                    })
-            },
         )
         .await?;
     }

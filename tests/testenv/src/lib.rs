@@ -45,6 +45,7 @@
 
 pub mod binaries;
 mod certs;
+mod crd;
 mod error;
 pub mod metrics;
 mod namespace;
@@ -55,6 +56,7 @@ mod shared;
 mod wait;
 
 pub use binaries::{KUBERNETES_VERSION, KWOK_VERSION};
+pub use crd::apply_crd;
 pub use error::{Error, Result};
 pub use namespace::{TEST_NAMESPACE_LABEL, TestNamespace, namespace};
 pub use plane::{NODE_NAME, TestEnv};

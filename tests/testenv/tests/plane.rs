@@ -105,7 +105,6 @@ async fn deleting_a_deployment_collects_its_replica_set_and_pods() -> anyhow::Re
 #[tokio::test]
 async fn custom_resource_status_goes_through_its_subresource() -> anyhow::Result<()> {
     let client = testenv::client().await?;
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let crd: CustomResourceDefinition = serde_json::from_value(json!({
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -130,32 +129,7 @@ async fn custom_resource_status_goes_through_its_subresource() -> anyhow::Result
         },
     }))?;
     // Server-side apply: idempotent, so a rerun against an existing cluster works too.
-    crds.patch(
-        "widgets.testenv.wasmop.io",
-        &PatchParams::apply("testenv-tests").force(),
-        &Patch::Apply(&crd),
-    )
-    .await?;
-    testenv::wait_until(
-        "CRD widgets.testenv.wasmop.io to be Established",
-        TIMEOUT,
-        || async {
-            crds.get("widgets.testenv.wasmop.io")
-                .await
-                .map(|c| c.status)
-        },
-        |status| {
-            status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|conditions| {
-                    conditions
-                        .iter()
-                        .any(|c| c.type_ == "Established" && c.status == "True")
-                })
-        },
-    )
-    .await?;
+    testenv::apply_crd(&client, &crd, "testenv-tests", TIMEOUT).await?;
 
     let ns = testenv::namespace(&client, "crd").await?;
     let resource = ApiResource::from_gvk_with_plural(
