@@ -323,10 +323,18 @@ async fn reconcile(parent: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, 
     }
 
     let observed_status = parent.data.get("status");
-    let status = desired_status(
+    // The host's own rules, so both write the same status.
+    let ready = wasmop::status::Ready {
+        ok: true,
+        reason: "Reconciled".into(),
+        message: "reconciled natively".into(),
+    };
+    let status = wasmop::status::desired(
         observed_status,
         response.status.as_ref(),
         parent.meta().generation,
+        &ready,
+        &wasmop::status::now(),
     );
     let already_written = ctx.written.lock().expect("written lock").get(&key) == Some(&status);
     if observed_status != Some(&status) && !already_written {
@@ -375,57 +383,6 @@ impl Ctx {
             limiter.acquire().await;
         }
     }
-}
-
-/// The status to write: the plugin's, plus `observedGeneration`, a `Ready` condition, and a
-/// `lastTransitionTime` on each condition (kept while its status holds).
-fn desired_status(
-    observed: Option<&Value>,
-    plugin: Option<&Value>,
-    generation: Option<i64>,
-) -> Value {
-    let mut status = match plugin.or(observed) {
-        Some(Value::Object(m)) => m.clone(),
-        _ => Map::new(),
-    };
-    if let Some(g) = generation {
-        status.insert("observedGeneration".into(), json!(g));
-    }
-    let mut conditions = match status.remove("conditions") {
-        Some(Value::Array(c)) => c,
-        _ => Vec::new(),
-    };
-    conditions.retain(|c| c["type"] != "Ready");
-    conditions.push(json!({
-        "type": "Ready", "status": "True", "reason": "Reconciled",
-        "message": "reconciled natively",
-    }));
-    let previous: Vec<Value> = observed
-        .and_then(|s| s["conditions"].as_array())
-        .cloned()
-        .unwrap_or_default();
-    let now = now();
-    for c in conditions.iter_mut().filter_map(Value::as_object_mut) {
-        if let Some(g) = generation {
-            c.entry("observedGeneration").or_insert(json!(g));
-        }
-        let time = previous
-            .iter()
-            .find(|p| p["type"] == c["type"] && p["status"] == c["status"])
-            .and_then(|p| p.get("lastTransitionTime").cloned())
-            .unwrap_or_else(|| json!(now));
-        c.entry("lastTransitionTime").or_insert(time);
-    }
-    status.insert("conditions".into(), Value::Array(conditions));
-    Value::Object(status)
-}
-
-fn now() -> String {
-    use k8s_openapi::jiff::{Timestamp, Unit};
-    Timestamp::now()
-        .round(Unit::Second)
-        .map(|t| t.to_string())
-        .unwrap_or_default()
 }
 
 /// True when every field of `desired` has the same value in `observed`; fields the server or
