@@ -7,64 +7,15 @@
 
 #[path = "../tests/common/guests.rs"]
 mod guests;
+#[path = "common/memcached_request.rs"]
+mod memcached_request;
 
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion};
-use serde_json::{Value, json};
-use wasmop::gather::{self, ObjectList};
-use wasmop::sandbox::{Limits, Plugin, Sandbox, SandboxConfig};
-use wasmop::validate::Scope;
-use wasmop_guest::wire::WireRequest;
+use wasmop::sandbox::{Limits, Sandbox, SandboxConfig};
 
 const POD_COUNTS: [usize; 2] = [3, 100];
-
-/// The request the host would build for a 3-replica Memcached with `pods` matching pods.
-fn request(plugin: &Plugin, pods: usize) -> WireRequest {
-    let cr = json!({
-        "apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
-        "metadata": {"name": "mc", "namespace": "bench", "uid": "u-mc", "generation": 1},
-        "spec": {"size": 3}
-    });
-    let selectors = plugin.related_blocking(&cr).expect("related");
-    let labels = selectors[0]
-        .selector
-        .match_labels
-        .clone()
-        .unwrap_or_default();
-    let mut observed: Vec<Value> = (0..pods)
-        .map(|i| {
-            json!({
-                "apiVersion": "v1", "kind": "Pod",
-                "metadata": {
-                    "name": format!("mc-{i:03}"), "namespace": "bench", "labels": labels,
-                    "uid": format!("pod-uid-{i}"), "resourceVersion": "12345",
-                    "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
-                        "name": "mc-5d4f8", "uid": "rs-uid", "controller": true}]
-                },
-                "spec": {"containers": [{"name": "memcached", "image": "memcached:1.4.36-alpine"}]},
-                "status": {"phase": "Running", "podIP": "10.0.0.1"}
-            })
-        })
-        .collect();
-    observed.push(json!({
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "mc", "namespace": "bench",
-            "ownerReferences": [{"apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
-                "name": "mc", "uid": "u-mc", "controller": true}]},
-        "spec": {"replicas": 3},
-        "status": {"availableReplicas": 3}
-    }));
-    gather::request(
-        plugin.manifest(),
-        &cr,
-        Scope::Namespaced,
-        &selectors,
-        &ObjectList::new(observed),
-        &Value::Null,
-        false,
-    )
-}
 
 fn main() {
     let wasm = guests::read(guests::memcached());
@@ -83,7 +34,7 @@ fn main() {
         .configure_from_args();
     let mut group = criterion.benchmark_group("memcached_reconcile");
     for pods in POD_COUNTS {
-        let req = request(&plugin, pods);
+        let req = memcached_request::request(&plugin, pods).expect("related");
         assert_eq!(req.related["Pod.v1"].len(), pods);
         group.bench_with_input(BenchmarkId::new("wasm", pods), &req, |b, req| {
             b.iter(|| plugin.reconcile_blocking(req).expect("reconcile"));
@@ -101,7 +52,7 @@ fn main() {
     // Criterion reports each side alone; the ratio is the number that matters here.
     println!("\nwasm / native, mean of {RATIO_CALLS} calls after warm-up:");
     for pods in POD_COUNTS {
-        let req = request(&plugin, pods);
+        let req = memcached_request::request(&plugin, pods).expect("related");
         let wasm = mean(|| {
             plugin.reconcile_blocking(&req).expect("reconcile");
         });

@@ -7,11 +7,11 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use serde_json::{Value, json};
-use wasmop::gather::{self, ObjectList};
-use wasmop::sandbox::{Limits, Plugin, Sandbox, SandboxConfig};
-use wasmop::validate::Scope;
-use wasmop_guest::wire::WireRequest;
+use wasmop::sandbox::{Limits, Sandbox, SandboxConfig};
+
+// The same request the host's `plugin_call` benchmark times.
+#[path = "../../../host/benches/common/memcached_request.rs"]
+mod memcached_request;
 
 /// The pod counts measured.
 pub const POD_COUNTS: [usize; 2] = [3, 100];
@@ -39,7 +39,7 @@ pub fn measure(wasm: &Path, calls: u32) -> Result<Vec<CallCost>> {
     POD_COUNTS
         .iter()
         .map(|&pods| {
-            let req = request(&plugin, pods)?;
+            let req = memcached_request::request(&plugin, pods)?;
             let sandboxed = mean(calls, || {
                 plugin
                     .reconcile_blocking(&req)
@@ -69,50 +69,4 @@ fn mean(calls: u32, mut f: impl FnMut() -> Result<()>) -> Result<Duration> {
         f()?;
     }
     Ok(start.elapsed() / calls.max(1))
-}
-
-/// The request the host would build for a 3-replica Memcached with `pods` matching pods.
-fn request(plugin: &Plugin, pods: usize) -> Result<WireRequest> {
-    let cr = json!({
-        "apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
-        "metadata": {"name": "mc", "namespace": "bench", "uid": "u-mc", "generation": 1},
-        "spec": {"size": 3}
-    });
-    let selectors = plugin.related_blocking(&cr)?;
-    let labels = selectors
-        .first()
-        .and_then(|s| s.selector.match_labels.clone())
-        .unwrap_or_default();
-    let mut observed: Vec<Value> = (0..pods)
-        .map(|i| {
-            json!({
-                "apiVersion": "v1", "kind": "Pod",
-                "metadata": {
-                    "name": format!("mc-{i:03}"), "namespace": "bench", "labels": labels,
-                    "uid": format!("pod-uid-{i}"), "resourceVersion": "12345",
-                    "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
-                        "name": "mc-5d4f8", "uid": "rs-uid", "controller": true}]
-                },
-                "spec": {"containers": [{"name": "memcached", "image": "memcached:1.4.36-alpine"}]},
-                "status": {"phase": "Running", "podIP": "10.0.0.1"}
-            })
-        })
-        .collect();
-    observed.push(json!({
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "mc", "namespace": "bench",
-            "ownerReferences": [{"apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
-                "name": "mc", "uid": "u-mc", "controller": true}]},
-        "spec": {"replicas": 3},
-        "status": {"availableReplicas": 3}
-    }));
-    Ok(gather::request(
-        plugin.manifest(),
-        &cr,
-        Scope::Namespaced,
-        &selectors,
-        &ObjectList::new(observed),
-        &Value::Null,
-        false,
-    ))
 }
