@@ -250,6 +250,14 @@ mod tests {
         let docs: Vec<serde_json::Value> = serde_yaml::Deserializer::from_str(&yaml)
             .map(|d| serde::Deserialize::deserialize(d).unwrap())
             .collect();
+        let joined = |v: &serde_json::Value| {
+            v.as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s.as_str().unwrap())
+                .collect::<Vec<_>>()
+                .join(",")
+        };
         let rules: Vec<String> = docs[0]["rules"]
             .as_array()
             .unwrap()
@@ -258,20 +266,8 @@ mod tests {
                 format!(
                     "{}: {} [{}]",
                     r["apiGroups"][0].as_str().unwrap(),
-                    r["resources"]
-                        .as_array()
-                        .unwrap()
-                        .iter()
-                        .map(|s| s.as_str().unwrap())
-                        .collect::<Vec<_>>()
-                        .join(","),
-                    r["verbs"]
-                        .as_array()
-                        .unwrap()
-                        .iter()
-                        .map(|s| s.as_str().unwrap())
-                        .collect::<Vec<_>>()
-                        .join(","),
+                    joined(&r["resources"]),
+                    joined(&r["verbs"]),
                 )
             })
             .collect();
