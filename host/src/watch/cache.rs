@@ -67,14 +67,22 @@ impl State {
                 .or_default()
                 .insert((ns.clone(), name.clone()));
         }
-        if let Some(old) = self.by_namespace.get(&ns).and_then(|m| m.get(&name))
-            && old.metadata.labels != obj.metadata.labels
-        {
-            let old = old.clone();
-            self.unindex_labels(&old);
-        }
-        for label in label_keys(&obj) {
-            self.by_label.entry(label).or_default().insert(name.clone());
+        // Most updates (a pod's status) keep the labels: then the index is already right.
+        let old = self
+            .by_namespace
+            .get(&ns)
+            .and_then(|m| m.get(&name))
+            .cloned();
+        let relabelled = old
+            .as_ref()
+            .is_none_or(|old| old.metadata.labels != obj.metadata.labels);
+        if relabelled {
+            if let Some(old) = &old {
+                self.unindex_labels(old);
+            }
+            for label in label_keys(&obj) {
+                self.by_label.entry(label).or_default().insert(name.clone());
+            }
         }
         let prev = self.by_namespace.entry(ns).or_default().insert(name, obj);
         match &prev {
@@ -342,6 +350,9 @@ mod tests {
         cache.apply(labelled("a", "p2", &[("app", "mc"), ("cr", "x")]));
         assert_eq!(names(cache.select(Some("a"), &x)), ["p1", "p2"]);
         assert!(cache.select(Some("a"), &mc_y).is_empty());
+        // An update that keeps the labels keeps the object findable.
+        cache.apply(labelled("a", "p1", &[("app", "mc"), ("cr", "x")]));
+        assert_eq!(names(cache.select(Some("a"), &x)), ["p1", "p2"]);
         cache.delete(&(Some("a".into()), "p1".into()));
         assert_eq!(names(cache.select(Some("a"), &x)), ["p2"]);
         let state = cache.state.read().unwrap();
