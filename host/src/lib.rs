@@ -17,5 +17,6 @@ pub mod plugin;
 pub mod sandbox;
 pub mod status;
 pub mod telemetry;
+pub mod text;
 pub mod validate;
 pub mod watch;

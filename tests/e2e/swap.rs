@@ -99,4 +99,75 @@ async fn hot_swap_to_second_build_and_back() {
             .contains("plugin swapped; reconciling every parent")
     );
     assert!(host.alive() && host.pid() == pid, "same host process");
+
+    // Each change has its own Event naming the version now running and the one it replaced,
+    // in order, as `kubectl describe configmap` shows them (regression: a second `Loaded`
+    // used to be folded into the first, keeping its note, 0.1.0).
+    let kinds_changed = "its kinds changed";
+    let expected: [(&[&str], Option<&str>); 4] = [
+        (&["Loaded", "loaded memcached 0.1.0 (sha256:"], None),
+        (
+            &[
+                "Swapped",
+                "swapped in memcached 0.2.0 (sha256:",
+                "replacing memcached 0.1.0 (sha256:",
+                kinds_changed,
+            ],
+            None,
+        ),
+        (
+            &[
+                "Swapped",
+                "swapped in memcached 0.1.0 (sha256:",
+                "replacing memcached 0.2.0 (sha256:",
+                kinds_changed,
+            ],
+            None,
+        ),
+        (
+            &[
+                "Swapped",
+                "swapped in memcached 0.1.0 (sha256:",
+                "replacing memcached 0.1.0 (sha256:",
+            ],
+            Some(kinds_changed),
+        ),
+    ];
+    let kubectl = testenv::binaries::ensure().await.unwrap().kubectl;
+    testenv::wait_for(
+        "kubectl describe configmap to list Loaded, then three Swapped Events",
+        TIMEOUT,
+        || async {
+            let out = std::process::Command::new(&kubectl)
+                .args(["-n", env.name(), "describe", "configmap", "memcached"])
+                .env("KUBECONFIG", &env.kubeconfig)
+                .output()
+                .map_err(|e| e.to_string())?;
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            let events: Vec<&str> = text
+                .lines()
+                .skip_while(|l| !l.starts_with("Events:"))
+                .filter(|l| l.contains("Loaded") || l.contains("Swapped"))
+                .collect();
+            Ok::<_, String>(in_order(&events, &expected).then_some(()))
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nhost log:\n{}", host.logs()));
+}
+
+/// Whether `lines` match `expected` one for one, in order: each line holds its parts in order
+/// and not the forbidden text.
+fn in_order(lines: &[&str], expected: &[(&[&str], Option<&str>)]) -> bool {
+    let matches = |line: &str, (parts, forbidden): &(&[&str], Option<&str>)| {
+        let mut rest = line;
+        parts.iter().all(|p| match rest.find(p) {
+            Some(i) => {
+                rest = &rest[i + p.len()..];
+                true
+            }
+            None => false,
+        }) && forbidden.is_none_or(|f| !line.contains(f))
+    };
+    lines.len() == expected.len() && lines.iter().zip(expected).all(|(l, e)| matches(l, e))
 }

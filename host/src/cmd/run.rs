@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Context;
 use kube::Client;
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube_lease_manager::LeaseManagerBuilder;
 use tokio::sync::watch;
 use tracing_subscriber::EnvFilter;
@@ -82,7 +82,6 @@ async fn serve(args: RunArgs) -> anyhow::Result<()> {
         controller: "wasmop".into(),
         instance: Some(identity.clone()),
     };
-    let recorder = Recorder::new(client.clone(), reporter);
     let registry = Registry::new(
         client.clone(),
         namespace.clone(),
@@ -90,7 +89,7 @@ async fn serve(args: RunArgs) -> anyhow::Result<()> {
         sandbox,
         Limits::from(&args.limits),
         config,
-        recorder,
+        reporter,
     );
     tracing::info!(version = env!("CARGO_PKG_VERSION"), %namespace, "wasmop host starting");
 

@@ -6,7 +6,6 @@
 //! [`ControllerHandle::swap`]ped in without restarting anything: calls in flight finish on the
 //! old version, and every parent is reconciled again with the new one.
 
-pub mod events;
 pub mod kinds;
 pub mod queue;
 pub mod reconcile;
@@ -27,6 +26,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::sandbox::{Plugin, RelatedSelector};
+use crate::telemetry::events::Events;
 use crate::watch::{Cache, Change, Hub, ObjKey, Subscription, key_of};
 use kinds::Kinds;
 use queue::{Backoff, Queue, Reason};
@@ -132,7 +132,7 @@ pub struct Shared {
     /// Related objects, per entry of `kinds.related`.
     pub related: Vec<Arc<Cache>>,
     /// Records Events.
-    pub events: events::Events,
+    pub events: Events,
     /// The related selectors each parent's last reconcile asked for, to map changes back.
     /// Ordered by key, so the parents of one namespace are one range.
     pub selectors: Mutex<BTreeMap<ObjKey, Related>>,
@@ -196,7 +196,7 @@ pub fn spawn(
         related: cache_of(|r| matches!(r, Role::Related(_))),
         kinds: kinds.clone(),
         child_kinds,
-        events: events::Events::spawn(recorder),
+        events: Events::folding(recorder),
         selectors: Mutex::default(),
     });
     let (tx, rx) = mpsc::unbounded_channel();

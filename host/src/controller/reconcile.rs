@@ -26,6 +26,7 @@ use crate::sandbox::{KindRef, Manifest, RelatedSelector};
 use crate::status::{self, Ready};
 use crate::telemetry::metrics;
 use crate::telemetry::metrics::{CallLabels, PluginLabels, ReasonLabels, ResultLabels};
+use crate::text::truncate;
 use crate::validate::{self, Target};
 use crate::watch::ObjKey;
 
@@ -325,7 +326,7 @@ async fn record_failure(
     let ready = Ready {
         ok: false,
         reason: failure.reason.to_string(),
-        message: truncate(&message, 1024),
+        message: truncate(message.clone(), 1024),
     };
     let desired = status::desired(
         parent.data.get("status"),
@@ -344,17 +345,6 @@ async fn record_failure(
     }
 }
 
-fn truncate(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
-}
-
 fn publish(shared: &Shared, parent: &DynamicObject, type_: EventType, reason: &str, message: &str) {
     let types = parent.types.clone().unwrap_or_default();
     let reference = ObjectReference {
@@ -369,7 +359,7 @@ fn publish(shared: &Shared, parent: &DynamicObject, type_: EventType, reason: &s
     let event = Event {
         type_,
         reason: reason.to_string(),
-        note: Some(truncate(message, 1000)),
+        note: Some(truncate(message.to_string(), 1000)),
         action: "Reconcile".into(),
         secondary: None,
     };

@@ -5,8 +5,10 @@
 //! the manifest, resolve its kinds, check the host may do what the plugin needs on them. Only
 //! a plugin that passes all of it replaces the running version, atomically; a bad one leaves
 //! the last good version running and says why in a Warning Event on its ConfigMap and in the
-//! log. Plugin states are visible with `kubectl describe configmap <plugin>` (Events `Loaded`,
-//! `Swapped`, `LoadFailed`, `WaitingForKinds`, `Forbidden`).
+//! log. Plugin states are visible with `kubectl describe configmap <plugin>` (Events `Loaded`
+//! for a first load, `Swapped` for any replacement, `LoadFailed`, `WaitingForKinds`,
+//! `Forbidden`). Each state change is an Event of its own whose note names the version now
+//! running and the one it replaced; none is folded into an earlier one.
 //!
 //! Deleting a ConfigMap stops its controller and leaves the children in place: they belong to
 //! their parents, not to the plugin.
@@ -18,7 +20,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference};
 use kube::api::Api;
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
 use tokio::sync::mpsc;
@@ -27,6 +29,7 @@ use super::source::{self, PLUGIN_LABEL, PluginSource};
 use crate::controller::kinds::{self, ResolveError};
 use crate::controller::{self, ControllerHandle, Loaded};
 use crate::sandbox::{Limits, Sandbox};
+use crate::telemetry::events::Events;
 use crate::telemetry::metrics;
 use crate::telemetry::metrics::{ConfigMapLabels, InfoLabels, LoadLabels};
 use crate::watch::Hub;
@@ -70,7 +73,10 @@ struct Env {
     sandbox: Sandbox,
     defaults: Limits,
     config: controller::Config,
+    // Events on parents, folded into series by kube-runtime.
     recorder: Recorder,
+    // Events on plugin ConfigMaps: one per state change, never folded.
+    notices: Events,
 }
 
 struct Slot {
@@ -122,19 +128,20 @@ impl Registry {
         sandbox: Sandbox,
         defaults: Limits,
         config: controller::Config,
-        recorder: Recorder,
+        reporter: Reporter,
     ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         Registry {
             env: Arc::new(Env {
                 hub: Hub::new(client.clone(), watch_namespace.clone()),
+                recorder: Recorder::new(client.clone(), reporter.clone()),
+                notices: Events::distinct(client.clone(), reporter),
                 watch_namespace,
                 client,
                 namespace,
                 sandbox,
                 defaults,
                 config,
-                recorder,
             }),
             slots: HashMap::new(),
             tx,
@@ -223,8 +230,7 @@ impl Registry {
                 count_load(&name, "failure");
                 slot.state = State::Failed(msg.clone());
                 let cm = slot.configmap.clone();
-                self.event(&cm, EventType::Warning, "LoadFailed", &msg)
-                    .await;
+                self.event(&cm, EventType::Warning, "LoadFailed", &msg);
                 return;
             }
         };
@@ -286,7 +292,7 @@ impl Registry {
                         }
                         if first {
                             tracing::warn!(configmap = %configmap, "{msg}");
-                            self.event(&cm, EventType::Warning, reason, &msg).await;
+                            self.event(&cm, EventType::Warning, reason, &msg);
                         }
                         let tx = self.tx.clone();
                         tokio::spawn(async move {
@@ -306,8 +312,7 @@ impl Registry {
                         if let Some(slot) = self.slots.get_mut(&configmap) {
                             slot.state = State::Failed(msg.clone());
                         }
-                        self.event(&cm, EventType::Warning, "LoadFailed", &msg)
-                            .await;
+                        self.event(&cm, EventType::Warning, "LoadFailed", &msg);
                     }
                 }
             }
@@ -330,57 +335,64 @@ impl Registry {
             slot.state = State::Failed(msg.clone());
             let cm = slot.configmap.clone();
             tracing::error!(configmap, "{msg}");
-            self.event(&cm, EventType::Warning, "LoadFailed", &msg)
-                .await;
+            self.event(&cm, EventType::Warning, "LoadFailed", &msg);
             return;
         }
 
+        let env = self.env.clone();
         let slot = self.slots.get_mut(configmap).expect("slot exists");
         let source = slot.latest.clone().expect("a loaded plugin has a source");
         let cm = slot.configmap.clone();
+        // Any replacement is `Swapped`, naming both versions; only a first load is `Loaded`.
         let (reason, msg) = match slot.running.take() {
             Some((old, _, handle)) if handle.kinds().same_watches(&kinds) => {
-                let msg = format!("swapped {} for {}", old.describe(), loaded.describe());
-                count_load(configmap, "success");
-                metrics()
-                    .plugin_swaps
-                    .get_or_create(&ConfigMapLabels {
-                        configmap: configmap.to_string(),
-                    })
-                    .inc();
+                let msg = format!(
+                    "swapped in {}, replacing {}",
+                    loaded.describe(),
+                    old.describe()
+                );
                 set_info(configmap, Some(&old), None);
                 handle.swap(loaded.clone());
                 slot.running = Some((loaded, source, handle));
                 ("Swapped", msg)
             }
-            previous => {
-                let mut msg = format!("loaded {}", loaded.describe());
-                if let Some((old, _, handle)) = previous {
-                    // Different kinds: a clean restart of the controller, which still prunes
-                    // children of the kinds this version dropped.
-                    kinds.retire_from(handle.kinds());
-                    handle.stop().await;
-                    msg = format!("{msg}, replacing {} (its kinds changed)", old.describe());
-                    set_info(configmap, Some(&old), None);
-                }
-                let handle = controller::spawn(
-                    self.env.client.clone(),
-                    &self.env.hub,
-                    self.env.recorder.clone(),
-                    kinds,
-                    loaded.clone(),
-                    self.env.config.clone(),
+            Some((old, _, handle)) => {
+                // Different kinds: a clean restart of the controller, which still prunes
+                // children of the kinds this version dropped.
+                kinds.retire_from(handle.kinds());
+                handle.stop().await;
+                let msg = format!(
+                    "swapped in {}, replacing {}; its kinds changed, so its controller restarted",
+                    loaded.describe(),
+                    old.describe()
                 );
+                set_info(configmap, Some(&old), None);
+                let handle = env.spawn_controller(kinds, loaded.clone());
+                slot.running = Some((loaded, source, handle));
+                ("Swapped", msg)
+            }
+            None => {
+                let msg = format!("loaded {}", loaded.describe());
+                let handle = env.spawn_controller(kinds, loaded.clone());
                 slot.running = Some((loaded, source, handle));
                 ("Loaded", msg)
             }
         };
+        count_load(configmap, "success");
+        if reason == "Swapped" {
+            metrics()
+                .plugin_swaps
+                .get_or_create(&ConfigMapLabels {
+                    configmap: configmap.to_string(),
+                })
+                .inc();
+        }
         slot.state = State::Running;
         if let Some((loaded, _, _)) = &slot.running {
             set_info(configmap, None, Some(loaded));
         }
         tracing::info!(configmap, "{msg}");
-        self.event(&cm, EventType::Normal, reason, &msg).await;
+        self.event(&cm, EventType::Normal, reason, &msg);
     }
 
     async fn on_delete(&mut self, configmap: &str) {
@@ -427,18 +439,30 @@ impl Registry {
         });
     }
 
-    async fn event(&self, cm: &ConfigMap, type_: EventType, reason: &str, message: &str) {
+    /// Queues an Event on the plugin ConfigMap `cm`, written off the registry's loop.
+    fn event(&self, cm: &ConfigMap, type_: EventType, reason: &str, message: &str) {
         let reference: ObjectReference = cm.object_ref(&());
         let ev = Event {
             type_,
             reason: reason.into(),
-            note: Some(message.chars().take(1000).collect()),
+            note: Some(message.to_string()),
             action: "LoadPlugin".into(),
             secondary: None,
         };
-        if let Err(e) = self.env.recorder.publish(&ev, &reference).await {
-            tracing::warn!(error = %e, reason, "could not record an Event on the plugin ConfigMap");
-        }
+        self.env.notices.record(ev, reference);
+    }
+}
+
+impl Env {
+    fn spawn_controller(&self, kinds: kinds::Kinds, loaded: Loaded) -> ControllerHandle {
+        controller::spawn(
+            self.client.clone(),
+            &self.hub,
+            self.recorder.clone(),
+            kinds,
+            loaded,
+            self.config.clone(),
+        )
     }
 }
 

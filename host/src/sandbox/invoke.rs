@@ -23,6 +23,7 @@ use super::engine::EPOCH_PERIOD;
 use super::error::{Call, PluginErrorKind};
 use super::limits::{Limits, MemoryLimiter};
 use super::output::TailSink;
+use crate::text::truncate;
 
 /// Bytes of guest stdout/stderr kept for error messages.
 const OUTPUT_TAIL: usize = 4 << 10;
@@ -84,19 +85,6 @@ impl GuestLog {
             Level::Error => tracing::error!(target: "wasmop::plugin", plugin, "{message}"),
         }
     }
-}
-
-/// Cuts `s` to at most `max` bytes (on a character boundary), marking the cut with `…`.
-pub(crate) fn truncate(mut s: String, max: usize) -> String {
-    if s.len() > max {
-        let mut end = max;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
-        s.push('…');
-    }
-    s
 }
 
 /// What a call needs besides its arguments.

@@ -15,9 +15,10 @@ use wasmtime::Engine;
 
 use super::bindings::PluginPre;
 use super::error::{Call, PluginError, PluginErrorKind};
-use super::invoke::{CallState, Invocation, truncate};
+use super::invoke::{CallState, Invocation};
 use super::limits::Limits;
 use super::manifest::{Manifest, RelatedSelector, SelectorProblem};
+use crate::text::truncate;
 
 /// Longest guest error message kept in a [`PluginErrorKind::PluginFailed`].
 const MAX_GUEST_ERROR: usize = 4 << 10;

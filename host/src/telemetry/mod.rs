@@ -1,6 +1,7 @@
-//! What the host tells the people who run it: Prometheus metrics ([`metrics`]) and the
-//! `/healthz`, `/readyz` and `/metrics` endpoints ([`server`]).
+//! What the host tells the people who run it: Kubernetes Events ([`events`]), Prometheus
+//! metrics ([`metrics`]) and the `/healthz`, `/readyz` and `/metrics` endpoints ([`server`]).
 
+pub mod events;
 pub mod metrics;
 pub mod server;
 
