@@ -1,9 +1,11 @@
 //! The command line of the `wasmop` binary.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+
+use crate::config;
+use crate::sandbox::Limits;
 
 /// A Kubernetes operator host whose reconcile logic runs in WebAssembly plugins.
 #[derive(Debug, Parser)]
@@ -36,20 +38,19 @@ pub enum Command {
 #[derive(Debug, Clone, Args)]
 pub struct LimitArgs {
     /// CPU deadline of one plugin call, in milliseconds.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = config::DEADLINE_MS)]
     pub deadline_ms: u64,
     /// Linear-memory cap of one plugin instance, in MiB.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = config::MEMORY_MIB)]
     pub memory_mib: u64,
     /// Largest response a plugin may return, in KiB.
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = config::MAX_RESPONSE_KIB)]
     pub max_response_kib: u64,
 }
 
-impl LimitArgs {
-    /// The deadline as a [`Duration`].
-    pub fn deadline(&self) -> Duration {
-        Duration::from_millis(self.deadline_ms)
+impl From<&LimitArgs> for Limits {
+    fn from(args: &LimitArgs) -> Self {
+        Limits::new(args.deadline_ms, args.memory_mib, args.max_response_kib)
     }
 }
 
@@ -68,36 +69,36 @@ pub struct RunArgs {
     #[command(flatten)]
     pub limits: LimitArgs,
     /// Parents reconciled at the same time, per plugin.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = config::CONCURRENCY)]
     pub concurrency: usize,
     /// Reconcile every parent this often even when nothing changed, in seconds (a plugin's
     /// ConfigMap can override it with the annotation `wasmop.io/resync-seconds`).
-    #[arg(long, default_value_t = 600)]
+    #[arg(long, default_value_t = config::RESYNC_SECONDS)]
     pub resync_seconds: u64,
     /// How long a reconcile waits after a child or related object changes, in milliseconds,
     /// so a burst of changes (pods coming up one by one) becomes one reconcile and one status
     /// write. Changes to the parent are not delayed.
-    #[arg(long, default_value_t = 500)]
+    #[arg(long, default_value_t = config::DEBOUNCE_MS)]
     pub debounce_ms: u64,
     /// Where `/healthz` and `/readyz` are served.
-    #[arg(long, default_value = "0.0.0.0:8081")]
+    #[arg(long, default_value = config::PROBE_ADDR)]
     pub probe_addr: std::net::SocketAddr,
     /// Where `/metrics` is served (may equal `--probe-addr`).
-    #[arg(long, default_value = "0.0.0.0:8080")]
+    #[arg(long, default_value = config::METRICS_ADDR)]
     pub metrics_addr: std::net::SocketAddr,
     /// Reconcile only while holding the `wasmop` Lease in `--namespace`, so several replicas
     /// can run with one active.
     #[arg(long)]
     pub leader_elect: bool,
     /// Name of the leader-election Lease.
-    #[arg(long, default_value = "wasmop-leader")]
+    #[arg(long, default_value = config::LEASE_NAME)]
     pub lease_name: String,
     /// How long a leader's Lease is valid without renewal, in seconds.
-    #[arg(long, default_value_t = 15)]
+    #[arg(long, default_value_t = config::LEASE_DURATION_SECONDS)]
     pub lease_duration_seconds: u64,
     /// How long before the Lease expires the leader renews it, in seconds (the leader renews
     /// after `lease-duration − renew-grace`, 10 s by default).
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = config::LEASE_RENEW_GRACE_SECONDS)]
     pub lease_renew_grace_seconds: u64,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "WASMOP_LOG_FORMAT")]
@@ -153,7 +154,7 @@ pub struct PackageArgs {
     #[arg(long)]
     pub name: Option<String>,
     /// Namespace of the ConfigMap: the host's plugin namespace.
-    #[arg(long, default_value = "wasmop-system")]
+    #[arg(long, default_value = config::NAMESPACE)]
     pub namespace: String,
     /// Settings handed to every reconcile (YAML), stored as `settings.yaml`.
     #[arg(long)]
@@ -166,10 +167,10 @@ pub struct RbacArgs {
     /// The plugin module (`.wasm`).
     pub plugin: PathBuf,
     /// Namespace of the host's ServiceAccount.
-    #[arg(long, default_value = "wasmop-system")]
+    #[arg(long, default_value = config::NAMESPACE)]
     pub namespace: String,
     /// The host's ServiceAccount.
-    #[arg(long, default_value = "wasmop")]
+    #[arg(long, default_value = config::SERVICE_ACCOUNT)]
     pub service_account: String,
     /// Name of the ClusterRole and ClusterRoleBinding. Defaults to
     /// `wasmop-plugin-<manifest name>`.

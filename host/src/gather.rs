@@ -16,8 +16,8 @@ use kube::core::{Selector, SelectorExt};
 use serde_json::{Map, Value};
 use wasmop_guest::wire::{ByName, WireRequest, kind_key};
 
+use crate::kinds::Scope;
 use crate::sandbox::{KindRef, Manifest, RelatedSelector};
-use crate::validate::Scope;
 
 /// Where a request's objects come from.
 pub trait Observed {

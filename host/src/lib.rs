@@ -11,8 +11,11 @@
 pub mod apply;
 pub mod cli;
 pub mod cmd;
+pub mod config;
 pub mod controller;
 pub mod gather;
+mod host;
+pub mod kinds;
 pub mod plugin;
 pub mod sandbox;
 pub mod status;
@@ -20,3 +23,5 @@ pub mod telemetry;
 pub mod text;
 pub mod validate;
 pub mod watch;
+
+pub use host::{Host, HostConfig, LeaderElection};

@@ -36,16 +36,8 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 use wasmop_guest::wire::{WireEvent, WireResponse};
 
+use crate::kinds::Scope;
 use crate::sandbox::{KindRef, Manifest, is_dns1123_label, is_dns1123_subdomain};
-
-/// Whether objects of a kind live in a namespace.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Scope {
-    /// Objects live in a namespace.
-    Namespaced,
-    /// Objects are cluster-wide.
-    Cluster,
-}
 
 /// What a response is checked against.
 pub struct Target<'a> {

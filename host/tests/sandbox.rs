@@ -10,10 +10,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use wasmop::gather::{self, ObjectList};
+use wasmop::kinds::Scope;
 use wasmop::sandbox::{
     Call, KindRef, Limits, Plugin, PluginError, PluginErrorKind, Sandbox, SandboxConfig,
 };
-use wasmop::validate::{self, Scope, Target, ValidationError};
+use wasmop::validate::{self, Target, ValidationError};
 use wasmop_guest::wire::WireRequest;
 
 /// Test limits: short enough to keep the suite fast.

@@ -3,8 +3,8 @@
 
 use serde_json::{Value, json};
 use wasmop::gather::{self, ObjectList};
+use wasmop::kinds::Scope;
 use wasmop::sandbox::{Plugin, PluginError};
-use wasmop::validate::Scope;
 use wasmop_guest::wire::WireRequest;
 
 /// A 3-replica Memcached with its Deployment and `pods` matching pods.

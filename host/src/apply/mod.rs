@@ -15,7 +15,7 @@ use kube::Client;
 use kube::api::DynamicObject;
 use serde_json::Value;
 
-use crate::controller::kinds::ResolvedKind;
+use crate::kinds::ResolvedKind;
 
 /// What one pass over the children did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]

@@ -3,7 +3,7 @@
 use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, Preconditions};
 
-use crate::controller::kinds::ResolvedKind;
+use crate::kinds::ResolvedKind;
 
 /// Deletes `obj` in the background, only if it is still the object we saw (UID precondition):
 /// a child recreated under the same name meanwhile is left alone. Already gone is success.

@@ -5,7 +5,7 @@ use kube::Client;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::Value;
 
-use crate::controller::kinds::ResolvedKind;
+use crate::kinds::ResolvedKind;
 
 /// The controller owner reference the host puts on every child: garbage collection removes
 /// children with their parent, and `blockOwnerDeletion` keeps a foreground delete of the parent

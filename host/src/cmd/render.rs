@@ -35,8 +35,9 @@ use sha2::{Digest, Sha256};
 
 use crate::cli::RenderArgs;
 use crate::gather::{self, ObjectList};
+use crate::kinds::Scope;
 use crate::sandbox::{KindRef, Limits, Plugin, Sandbox, SandboxConfig};
-use crate::validate::{self, Scope, Target, Validated};
+use crate::validate::{self, Target, Validated};
 
 /// The output format, for `wasmop render --help` (`#[command(after_help = …)]`).
 pub const AFTER_HELP: &str = "\

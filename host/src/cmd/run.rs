@@ -1,5 +1,5 @@
-//! `wasmop run`: the host. Loads plugins from ConfigMaps and runs their controllers until
-//! SIGTERM or Ctrl-C, then finishes the reconciles in flight, releases its Lease and exits.
+//! `wasmop run`: the host ([`crate::Host`]) from the command line, until SIGTERM or Ctrl-C;
+//! then it finishes the reconciles in flight, releases its Lease and exits.
 //!
 //! With `--leader-elect`, replicas compete for a `coordination.k8s.io/v1` Lease (15 s
 //! validity, renewed after 10 s, as controller-runtime's defaults) and only the holder
@@ -7,25 +7,16 @@
 
 use std::time::Duration;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use anyhow::Context;
 use kube::Client;
-use kube::runtime::events::Reporter;
-use kube_lease_manager::LeaseManagerBuilder;
-use tokio::sync::watch;
 use tracing_subscriber::EnvFilter;
 
 use crate::cli::{LogFormat, RunArgs};
-use crate::controller;
-use crate::plugin::Registry;
-use crate::sandbox::{Limits, Sandbox, SandboxConfig};
-use crate::telemetry::server;
+use crate::sandbox::Limits;
+use crate::{Host, HostConfig, LeaderElection, config, controller};
 
 /// Where a pod finds its own namespace.
 const POD_NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
-/// The plugin namespace outside a cluster.
-pub const DEFAULT_NAMESPACE: &str = "wasmop-system";
 
 /// Runs the host.
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
@@ -34,7 +25,36 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(serve(args))
+    runtime.block_on(async {
+        let client = Client::try_default()
+            .await
+            .context("connecting to the cluster (KUBECONFIG or in-cluster config)")?;
+        let host = Host::new(client, host_config(args)).await?;
+        host.run(shutdown_signal()).await
+    })
+}
+
+/// The host's configuration from the command line.
+pub fn host_config(args: RunArgs) -> HostConfig {
+    HostConfig {
+        namespace: namespace(args.namespace),
+        watch_namespace: args.watch_namespace,
+        limits: Limits::from(&args.limits),
+        controller: controller::Config {
+            concurrency: args.concurrency.max(1),
+            resync: Duration::from_secs(args.resync_seconds.max(1)),
+            debounce: Duration::from_millis(args.debounce_ms),
+            ..Default::default()
+        },
+        probe_addr: args.probe_addr,
+        metrics_addr: args.metrics_addr,
+        leader_election: args.leader_elect.then_some(LeaderElection {
+            lease_name: args.lease_name,
+            duration_seconds: args.lease_duration_seconds,
+            renew_grace_seconds: args.lease_renew_grace_seconds,
+        }),
+        ..HostConfig::default()
+    }
 }
 
 fn init_logs(format: LogFormat) {
@@ -52,6 +72,7 @@ fn init_logs(format: LogFormat) {
     };
 }
 
+/// `--namespace`, else the pod's namespace, else [`config::NAMESPACE`].
 fn namespace(arg: Option<String>) -> String {
     arg.or_else(|| {
         std::fs::read_to_string(POD_NAMESPACE_FILE)
@@ -59,120 +80,7 @@ fn namespace(arg: Option<String>) -> String {
             .map(|s| s.trim().to_string())
             .filter(|s| !s.is_empty())
     })
-    .unwrap_or_else(|| DEFAULT_NAMESPACE.to_string())
-}
-
-async fn serve(args: RunArgs) -> anyhow::Result<()> {
-    let client = Client::try_default()
-        .await
-        .context("connecting to the cluster (KUBECONFIG or in-cluster config)")?;
-    let namespace = namespace(args.namespace.clone());
-    let sandbox = Sandbox::new(SandboxConfig::default()).context("starting the sandbox")?;
-    let config = controller::Config {
-        concurrency: args.concurrency.max(1),
-        resync: Duration::from_secs(args.resync_seconds.max(1)),
-        debounce: Duration::from_millis(args.debounce_ms),
-        ..Default::default()
-    };
-    let identity = std::env::var("POD_NAME").ok().unwrap_or_else(|| {
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-        format!("{}-{}", host.trim(), std::process::id())
-    });
-    let reporter = Reporter {
-        controller: "wasmop".into(),
-        instance: Some(identity.clone()),
-    };
-    let registry = Registry::new(
-        client.clone(),
-        namespace.clone(),
-        args.watch_namespace.clone(),
-        sandbox,
-        Limits::from(&args.limits),
-        config,
-        reporter,
-    );
-    tracing::info!(version = env!("CARGO_PKG_VERSION"), %namespace, "wasmop host starting");
-
-    let (ready_tx, ready_rx) = watch::channel(false);
-    let server = tokio::spawn(server::serve(args.probe_addr, args.metrics_addr, ready_rx));
-    let (stop_tx, stop_rx) = watch::channel(false);
-    tokio::spawn(async move {
-        shutdown_signal().await;
-        stop_tx.send_replace(true);
-    });
-    let stopped = || {
-        let mut rx = stop_rx.clone();
-        async move {
-            let _ = rx.wait_for(|s| *s).await;
-        }
-    };
-
-    let run = async {
-        if !args.leader_elect {
-            forward_readiness(registry.ready(), ready_tx);
-            registry.run(stopped()).await;
-            return Ok(());
-        }
-        let lease = LeaseManagerBuilder::new(client, &args.lease_name)
-            .with_namespace(&namespace)
-            .with_identity(&identity)
-            .with_duration(args.lease_duration_seconds)
-            .with_grace(args.lease_renew_grace_seconds)
-            .build()
-            .await
-            .context("setting up leader election")?;
-        // A standby is ready: it can take over at once.
-        ready_tx.send_replace(true);
-        tracing::info!(lease = %args.lease_name, %identity, "waiting to become the leader");
-        loop {
-            tokio::select! {
-                held = lease.changed() => if held.context("acquiring the leader Lease")? { break },
-                _ = stopped() => return Ok(()),
-            }
-        }
-        tracing::info!(lease = %args.lease_name, %identity, "became the leader; reconciling");
-        forward_readiness(registry.ready(), ready_tx);
-        let lost = AtomicBool::new(false);
-        let until = async {
-            tokio::select! {
-                _ = stopped() => {},
-                _ = async {
-                    while let Ok(true) = lease.changed().await {}
-                    lost.store(true, Ordering::SeqCst);
-                } => {},
-            }
-        };
-        registry.run(until).await;
-        if lost.load(Ordering::SeqCst) {
-            anyhow::bail!(
-                "lost the leader Lease {}; exiting so that only one host reconciles",
-                args.lease_name
-            );
-        }
-        lease
-            .release()
-            .await
-            .context("releasing the leader Lease")?;
-        tracing::info!("released the leader Lease");
-        Ok(())
-    };
-    tokio::select! {
-        result = run => result?,
-        served = server => served.context("HTTP server task")?.context("serving probes and metrics")?,
-    }
-    tracing::info!("wasmop host stopped");
-    Ok(())
-}
-
-fn forward_readiness(mut from: watch::Receiver<bool>, to: watch::Sender<bool>) {
-    tokio::spawn(async move {
-        loop {
-            to.send_replace(*from.borrow_and_update());
-            if from.changed().await.is_err() {
-                return;
-            }
-        }
-    });
+    .unwrap_or_else(|| config::NAMESPACE.to_string())
 }
 
 async fn shutdown_signal() {
@@ -181,5 +89,63 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = term.recv() => tracing::info!("SIGTERM received; finishing reconciles in flight"),
         _ = tokio::signal::ctrl_c() => tracing::info!("interrupt received; finishing reconciles in flight"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::cli::{Cli, Command};
+
+    fn parse(args: &[&str]) -> RunArgs {
+        match Cli::parse_from(["wasmop", "run"].iter().chain(args)).command {
+            Command::Run(args) => args,
+            other => panic!("parsed {other:?}"),
+        }
+    }
+
+    #[test]
+    fn command_line_defaults_are_the_library_defaults() {
+        let config = host_config(parse(&["--namespace", "ns"]));
+        let defaults = HostConfig::default();
+        assert_eq!(config.namespace, "ns");
+        assert_eq!(config.limits, defaults.limits);
+        assert_eq!(
+            config.controller.concurrency,
+            defaults.controller.concurrency
+        );
+        assert_eq!(config.controller.resync, defaults.controller.resync);
+        assert_eq!(config.controller.debounce, defaults.controller.debounce);
+        assert_eq!(config.probe_addr, defaults.probe_addr);
+        assert_eq!(config.metrics_addr, defaults.metrics_addr);
+        assert!(config.leader_election.is_none());
+    }
+
+    #[test]
+    fn flags_reach_the_config() {
+        let config = host_config(parse(&[
+            "--deadline-ms",
+            "250",
+            "--memory-mib",
+            "16",
+            "--concurrency",
+            "0",
+            "--leader-elect",
+            "--lease-name",
+            "l",
+        ]));
+        assert_eq!(
+            config.limits,
+            Limits::new(250, 16, config::MAX_RESPONSE_KIB)
+        );
+        assert_eq!(config.controller.concurrency, 1, "at least one");
+        let election = config.leader_election.expect("leader election");
+        assert_eq!(election.lease_name, "l");
+        assert_eq!(
+            election.duration_seconds,
+            LeaderElection::default().duration_seconds
+        );
     }
 }

@@ -6,7 +6,6 @@
 //! [`ControllerHandle::swap`]ped in without restarting anything: calls in flight finish on the
 //! old version, and every parent is reconciled again with the new one.
 
-pub mod kinds;
 pub mod queue;
 pub mod reconcile;
 
@@ -25,10 +24,11 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::config;
+use crate::kinds::{self, Kinds};
 use crate::sandbox::{Plugin, RelatedSelector};
 use crate::telemetry::events::Events;
 use crate::watch::{Cache, Change, Hub, ObjKey, Subscription, key_of};
-use kinds::Kinds;
 use queue::{Backoff, Queue, Reason};
 
 /// How a controller schedules its work. One value serves every plugin of a host.
@@ -49,9 +49,9 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Config {
-            concurrency: 4,
-            debounce: Duration::from_millis(500),
-            resync: Duration::from_secs(600),
+            concurrency: config::CONCURRENCY,
+            debounce: Duration::from_millis(config::DEBOUNCE_MS),
+            resync: Duration::from_secs(config::RESYNC_SECONDS),
             backoff: Backoff::default(),
         }
     }

@@ -62,8 +62,8 @@ impl Default for Backoff {
     /// plugin on a thousand parents does not hammer the API server.
     fn default() -> Self {
         Backoff {
-            base: Duration::from_millis(250),
-            max: Duration::from_secs(300),
+            base: crate::config::BACKOFF_BASE,
+            max: crate::config::BACKOFF_MAX,
         }
     }
 }

@@ -17,11 +17,11 @@ use kube::runtime::events::{Event, EventType};
 use serde_json::{Value, json};
 use tracing::Instrument;
 
-use super::kinds::Kinds;
 use super::queue::Reason;
 use super::{Loaded, Related, Shared};
 use crate::apply::{self, Children};
 use crate::gather::{self, Observed};
+use crate::kinds::Kinds;
 use crate::sandbox::{KindRef, Manifest, RelatedSelector};
 use crate::status::{self, Ready};
 use crate::telemetry::metrics;

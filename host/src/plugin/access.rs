@@ -17,7 +17,7 @@ use k8s_openapi::api::authorization::v1::{
 use kube::Client;
 use kube::api::{Api, PostParams};
 
-use crate::controller::kinds::{Kinds, ResolvedKind};
+use crate::kinds::{Kinds, ResolvedKind};
 
 /// On the parent kind: watched (`list`, `watch`), read, and patched to add or remove the
 /// plugin's finalizer.

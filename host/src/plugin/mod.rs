@@ -6,5 +6,5 @@ pub mod access;
 pub mod registry;
 pub mod source;
 
-pub use registry::Registry;
+pub use registry::{Registry, State, Status};
 pub use source::{PLUGIN_LABEL, PluginSource};

@@ -26,18 +26,14 @@ use kube::{Client, Resource};
 use tokio::sync::mpsc;
 
 use super::source::{self, PLUGIN_LABEL, PluginSource};
-use crate::controller::kinds::{self, ResolveError};
+use crate::config;
 use crate::controller::{self, ControllerHandle, Loaded};
+use crate::kinds::{self, ResolveError};
 use crate::sandbox::{Limits, Sandbox};
 use crate::telemetry::events::Events;
 use crate::telemetry::metrics;
 use crate::telemetry::metrics::{ConfigMapLabels, InfoLabels, LoadLabels};
 use crate::watch::Hub;
-
-/// How often a plugin whose kinds are not served yet checks again.
-const KIND_RETRY: Duration = Duration::from_secs(5);
-/// How often a plugin the host may not serve checks its permissions again.
-const ACCESS_RETRY: Duration = Duration::from_secs(30);
 
 /// What the registry knows about one plugin ConfigMap.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -504,7 +500,7 @@ async fn load(env: &Env, source: PluginSource) -> Result<(Loaded, kinds::Kinds),
             return Err(LoadError::Waiting {
                 reason: "WaitingForKinds",
                 message: format!("waiting for kinds to be served: {}", m.join(", ")),
-                retry: KIND_RETRY,
+                retry: config::KIND_RETRY,
             });
         }
         Err(e) => return Err(LoadError::Bad(e.to_string())),
@@ -515,7 +511,7 @@ async fn load(env: &Env, source: PluginSource) -> Result<(Loaded, kinds::Kinds),
         .map_err(|message| LoadError::Waiting {
             reason: "Forbidden",
             message,
-            retry: ACCESS_RETRY,
+            retry: config::ACCESS_RETRY,
         })?;
     let loaded = Loaded {
         plugin,

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use wasmtime::ResourceLimiter;
 
-use crate::cli::LimitArgs;
+use crate::config;
 
 /// The most linear memory any plugin may be granted (1 GiB), whatever its [`Limits`] say: a
 /// backstop in the pool itself. Larger limits are lowered to it at load, so the limiter (which
@@ -35,20 +35,21 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Self {
-            deadline: Duration::from_secs(1),
-            memory_bytes: 64 << 20,
-            response_bytes: 4 << 20,
-        }
+        Self::new(
+            config::DEADLINE_MS,
+            config::MEMORY_MIB,
+            config::MAX_RESPONSE_KIB,
+        )
     }
 }
 
-impl From<&LimitArgs> for Limits {
-    fn from(args: &LimitArgs) -> Self {
+impl Limits {
+    /// Limits in the units the command line and the annotations use.
+    pub fn new(deadline_ms: u64, memory_mib: u64, max_response_kib: u64) -> Self {
         Self {
-            deadline: args.deadline(),
-            memory_bytes: args.memory_mib.saturating_mul(1 << 20),
-            response_bytes: args.max_response_kib.saturating_mul(1 << 10),
+            deadline: Duration::from_millis(deadline_ms),
+            memory_bytes: memory_mib.saturating_mul(1 << 20),
+            response_bytes: max_response_kib.saturating_mul(1 << 10),
         }
     }
 }
@@ -133,14 +134,9 @@ mod tests {
     }
 
     #[test]
-    fn from_cli_args() {
-        let args = LimitArgs {
-            deadline_ms: 250,
-            memory_mib: 16,
-            max_response_kib: 8,
-        };
+    fn from_user_units() {
         assert_eq!(
-            Limits::from(&args),
+            Limits::new(250, 16, 8),
             Limits {
                 deadline: Duration::from_millis(250),
                 memory_bytes: 16 << 20,

@@ -71,7 +71,7 @@ pub struct SandboxConfig {
 impl Default for SandboxConfig {
     fn default() -> Self {
         Self {
-            max_instances: 64,
+            max_instances: crate::config::MAX_INSTANCES,
             cache_dir: default_cache_dir(),
         }
     }

@@ -1,20 +1,19 @@
 //! The host's HTTP endpoints: `/healthz` (the process serves), `/readyz` (plugins loaded and
 //! caches synced, or standing by for leadership) and `/metrics` (Prometheus text format).
 
-use std::net::SocketAddr;
-
 use anyhow::Context;
 use axum::Router;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
+use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-/// Serves the probes (and metrics, when `metrics` is the same address) until the process
-/// exits. `ready` says whether `/readyz` answers 200.
+/// Serves the probes on `probes`, and metrics on `metrics` (or, when that is `None`, on
+/// `probes` too) until the process exits. `ready` says whether `/readyz` answers 200.
 pub async fn serve(
-    probes: SocketAddr,
-    metrics: SocketAddr,
+    probes: TcpListener,
+    metrics: Option<TcpListener>,
     ready: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     let probe_routes = Router::new()
@@ -36,19 +35,19 @@ pub async fn serve(
             }),
         );
     let metric_routes = Router::new().route("/metrics", get(metrics_text));
-    if probes == metrics {
-        return listen(probes, probe_routes.merge(metric_routes)).await;
+    match metrics {
+        None => listen(probes, probe_routes.merge(metric_routes)).await,
+        Some(metrics) => {
+            tokio::try_join!(listen(probes, probe_routes), listen(metrics, metric_routes))?;
+            Ok(())
+        }
     }
-    tokio::try_join!(listen(probes, probe_routes), listen(metrics, metric_routes))?;
-    Ok(())
 }
 
-async fn listen(addr: SocketAddr, routes: Router) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("listening on {addr}"))?;
-    let addr = listener.local_addr().unwrap_or(addr);
-    tracing::info!(%addr, "serving HTTP");
+async fn listen(listener: TcpListener, routes: Router) -> anyhow::Result<()> {
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "serving HTTP");
+    }
     axum::serve(listener, routes).await.context("HTTP server")
 }
 

@@ -1,11 +1,21 @@
-//! Resolves the kinds a plugin's manifest names into API resources, through discovery.
+//! The kinds a plugin's manifest names, resolved into API resources through discovery: the
+//! shared vocabulary of every stage after loading (watch, gather, validate, apply).
 
 use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::core::GroupVersionKind;
-use kube::discovery::{self, Scope};
+use kube::discovery;
 
 use crate::sandbox::{KindRef, Manifest};
+
+/// Whether objects of a kind live in a namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Scope {
+    /// Objects live in a namespace.
+    Namespaced,
+    /// Objects are cluster-wide.
+    Cluster,
+}
 
 /// A kind with what the API server told us about it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,12 +37,12 @@ impl ResolvedKind {
         }
     }
 
-    /// The validation scope of this kind.
-    pub fn scope(&self) -> crate::validate::Scope {
+    /// The scope of this kind.
+    pub fn scope(&self) -> Scope {
         if self.namespaced {
-            crate::validate::Scope::Namespaced
+            Scope::Namespaced
         } else {
-            crate::validate::Scope::Cluster
+            Scope::Cluster
         }
     }
 }
@@ -74,7 +84,7 @@ impl Kinds {
     }
 
     /// The scope of a declared child or related kind, for validation.
-    pub fn scope_of(&self, kind: &KindRef) -> Option<crate::validate::Scope> {
+    pub fn scope_of(&self, kind: &KindRef) -> Option<Scope> {
         self.children
             .iter()
             .chain(self.related.iter().map(|(k, _)| k))
@@ -116,7 +126,7 @@ async fn resolve_one(
         Ok((resource, caps)) => Ok(Some(ResolvedKind {
             kind: kind.clone(),
             resource,
-            namespaced: caps.scope == Scope::Namespaced,
+            namespaced: caps.scope == discovery::Scope::Namespaced,
         })),
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(None),
         Err(kube::Error::Discovery(_)) => Ok(None),

@@ -1,0 +1,70 @@
+//! Every default of the host, documented once.
+//!
+//! The stages take their `Default` impls from here ([`crate::sandbox::Limits`],
+//! [`crate::controller::Config`], [`crate::sandbox::SandboxConfig`]) and the command line takes
+//! its `--flag` defaults from here, so a default is changed in one place. This module sits
+//! below every stage and imports none of them.
+
+use std::time::Duration;
+
+/// The namespace the host loads plugin ConfigMaps from when it runs outside a pod (in a pod,
+/// its own namespace). `wasmop package` and `wasmop rbac` use it too.
+pub const NAMESPACE: &str = "wasmop-system";
+
+/// The host's ServiceAccount, as `deploy/` installs it.
+pub const SERVICE_ACCOUNT: &str = "wasmop";
+
+/// CPU deadline of one plugin call, in milliseconds (`--deadline-ms`, annotation
+/// `wasmop.io/deadline-ms`).
+pub const DEADLINE_MS: u64 = 1000;
+
+/// Linear-memory cap of one plugin instance, in MiB (`--memory-mib`, annotation
+/// `wasmop.io/memory-mib`).
+pub const MEMORY_MIB: u64 = 64;
+
+/// Largest response of one plugin call, in KiB (`--max-response-kib`, annotation
+/// `wasmop.io/max-response-kib`).
+pub const MAX_RESPONSE_KIB: u64 = 4096;
+
+/// Parents reconciled at the same time, per plugin (`--concurrency`).
+pub const CONCURRENCY: usize = 4;
+
+/// Every parent is reconciled this often even when nothing changed, in seconds
+/// (`--resync-seconds`, annotation `wasmop.io/resync-seconds`).
+pub const RESYNC_SECONDS: u64 = 600;
+
+/// How long a reconcile waits after a child or related object changed, in milliseconds
+/// (`--debounce-ms`), so a burst becomes one reconcile. Parent changes are not delayed.
+pub const DEBOUNCE_MS: u64 = 500;
+
+/// First retry delay after a failed reconcile; each further failure doubles it.
+pub const BACKOFF_BASE: Duration = Duration::from_millis(250);
+
+/// Longest retry delay after failed reconciles.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(300);
+
+/// Plugin calls that may run at once over all plugins; more wait for a slot.
+pub const MAX_INSTANCES: u32 = 64;
+
+/// How often a plugin whose kinds are not served yet (a missing CRD) is checked again.
+pub const KIND_RETRY: Duration = Duration::from_secs(5);
+
+/// How often a plugin the host may not serve (missing RBAC) is checked again.
+pub const ACCESS_RETRY: Duration = Duration::from_secs(30);
+
+/// Where `/healthz` and `/readyz` are served (`--probe-addr`).
+pub const PROBE_ADDR: &str = "0.0.0.0:8081";
+
+/// Where `/metrics` is served (`--metrics-addr`).
+pub const METRICS_ADDR: &str = "0.0.0.0:8080";
+
+/// The leader-election Lease in the host's namespace (`--lease-name`).
+pub const LEASE_NAME: &str = "wasmop-leader";
+
+/// How long a leader's Lease is valid without renewal, in seconds
+/// (`--lease-duration-seconds`; controller-runtime's default).
+pub const LEASE_DURATION_SECONDS: u64 = 15;
+
+/// How long before its Lease expires the leader renews it, in seconds
+/// (`--lease-renew-grace-seconds`): renewal after 10 s by default.
+pub const LEASE_RENEW_GRACE_SECONDS: u64 = 5;
