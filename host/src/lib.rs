@@ -6,7 +6,10 @@
 //! [`controller`] (shared watches → queue → gather inputs) → [`sandbox`] (call) →
 //! [`validate`] → [`apply`] (server-side apply → prune) → [`status`].
 //!
-//! The binary `wasmop` is a thin shell over this library; see [`cli`] for its commands.
+//! Shared below every stage: [`config`] (every default), [`kinds`], [`watch`], [`telemetry`],
+//! [`text`]. Start a host with [`Host::new`] and [`Host::run`]; `docs/architecture.md` has
+//! the module map. The binary `wasmop` is a thin shell over this library; see [`cli`] for its
+//! commands.
 
 pub mod apply;
 pub mod cli;

@@ -50,9 +50,13 @@ impl Env {
         Api::namespaced_with(self.client.clone(), self.name(), &memcached_resource())
     }
 
-    /// Creates or updates a plugin ConfigMap (server-side apply, so both work).
+    /// Creates or updates a plugin ConfigMap, as `wasmop package` builds it (server-side
+    /// apply, so both work).
     pub async fn put_plugin(&self, name: &str, wasm: &[u8], settings: Option<&str>) {
-        let cm = plugin_configmap(name, wasm, settings);
+        let cm =
+            wasmop::cmd::package::package(wasm, name, self.name(), settings.map(str::to_owned))
+                .expect("a plugin ConfigMap")
+                .configmap;
         let api: Api<ConfigMap> = self.ns.api();
         api.patch(name, &PatchParams::apply("e2e").force(), &Patch::Apply(&cm))
             .await
@@ -126,21 +130,6 @@ pub fn memcached_resource() -> ApiResource {
         &GroupVersionKind::gvk("cache.example.com", "v1alpha1", "Memcached"),
         "memcacheds",
     )
-}
-
-/// A plugin ConfigMap as a user would make it with `kubectl create configmap --from-file`.
-pub fn plugin_configmap(name: &str, wasm: &[u8], settings: Option<&str>) -> Value {
-    use base64::Engine;
-    let mut cm = json!({
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": name, "labels": {"wasmop.io/plugin": ""}},
-        "binaryData": {format!("{name}.wasm"): base64::engine::general_purpose::STANDARD.encode(wasm)},
-    });
-    if let Some(s) = settings {
-        cm["data"] = json!({"settings.yaml": s});
-    }
-    cm
 }
 
 /// Applies every CRD in `deploy/crds/` and a test-only `Probe` kind, and waits until served.

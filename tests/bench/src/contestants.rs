@@ -7,11 +7,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use base64::Engine;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
-use serde_json::json;
 use testenv::TestEnv;
 use tokio::time::Instant;
 
@@ -225,14 +223,9 @@ async fn wait_loaded(host: &mut Proc, names: &[String]) -> Result<()> {
 /// Creates or updates the plugin ConfigMap `name` with the module at `wasm`.
 pub async fn put_plugin(client: &Client, name: &str, wasm: &Path) -> Result<()> {
     let bytes = std::fs::read(wasm).with_context(|| format!("reading {}", wasm.display()))?;
-    let cm = json!({
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": name, "labels": {"wasmop.io/plugin": ""}},
-        "binaryData": {
-            format!("{name}.wasm"): base64::engine::general_purpose::STANDARD.encode(bytes),
-        },
-    });
+    let cm = wasmop::cmd::package::package(&bytes, name, PLUGIN_NAMESPACE, None)
+        .with_context(|| format!("packaging {}", wasm.display()))?
+        .configmap;
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), PLUGIN_NAMESPACE);
     api.patch(
         name,
