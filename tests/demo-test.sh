@@ -55,7 +55,7 @@ start() {
 # await LOG PATTERN SECONDS: until LOG has a line matching PATTERN, or the demo exits.
 await() {
   local log=$1 pattern=$2 deadline=$((SECONDS + $3))
-  until grep -q -- "$pattern" "$log"; do
+  until grep -qs -- "$pattern" "$log"; do
     kill -0 "$demo_pid" 2>/dev/null || return 1
     [ $SECONDS -ge $deadline ] && return 1
     sleep 0.2

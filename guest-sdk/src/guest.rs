@@ -5,8 +5,8 @@ use std::marker::PhantomData;
 use std::sync::Once;
 
 use crate::log::Level;
-use crate::manifest::{KindRef, Manifest, RelatedSelector};
 use crate::{__reconcile_json, __related_json, Plugin};
+use crate::{KindRef, Manifest, RelatedSelector};
 
 /// Generated from `wit/plugin.wit`; the export macro is public so that
 /// [`crate::export!`] can expand it inside the plugin crate.
@@ -48,8 +48,8 @@ impl<P: Plugin> wit::Guest for Exporter<P> {
             related: related
                 .into_iter()
                 .map(|r| wit::RelatedKind {
-                    api_version: r.kind.api_version,
-                    kind: r.kind.kind,
+                    api_version: r.api_version,
+                    kind: r.kind,
                     metadata_only: r.metadata_only,
                 })
                 .collect(),

@@ -69,21 +69,19 @@ extern crate self as wasmop_guest;
 
 pub mod error;
 pub mod log;
-pub mod manifest;
 pub mod request;
 pub mod response;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod testing;
-pub mod wire;
 
 #[cfg(target_arch = "wasm32")]
 mod guest;
 
 pub use error::{Error, Result};
-pub use manifest::{KindRef, Manifest, RelatedKind, RelatedSelector};
 pub use request::Request;
 pub use response::{Condition, Response};
-pub use wire::EventType;
+pub use wasmop_contract::wire::{self, EventType};
+pub use wasmop_contract::{KindRef, Manifest, RelatedKind, RelatedSelector};
 // Plugins name k8s-openapi types in their signatures; the re-export keeps versions in step.
 pub use k8s_openapi;
 

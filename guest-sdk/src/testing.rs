@@ -1,8 +1,10 @@
 //! Run a plugin natively, the way the host runs it, from plain `cargo test`.
 //!
 //! [`RequestBuilder`] assembles a [`WireRequest`] like the host does; [`reconcile`] and
-//! [`related`] then go through the very JSON → typed → JSON path the wasm export uses, so a test
-//! that passes here exercises the code that ships.
+//! [`related`] then go through the very JSON → typed → JSON path the wasm export uses, and
+//! [`reconcile`] checks the response with the host's own output rules
+//! ([`wasmop_contract::validate`]), so a test that passes here exercises the code that ships
+//! and the rules it will meet.
 //!
 //! ```
 //! use k8s_openapi::api::core::v1::ConfigMap;
@@ -22,16 +24,15 @@
 //! # let _ = testing::take_logs();
 //! ```
 
-use std::collections::BTreeSet;
-
 use k8s_openapi::Resource;
 use serde::Serialize;
 use serde_json::Value;
+use wasmop_contract::validate::{Target, validate};
+use wasmop_contract::{KindRef, Scope};
 
 use crate::log::Level;
-use crate::manifest::RelatedSelector;
-use crate::wire::{WireRequest, WireResponse, kind_key};
-use crate::{__reconcile_json, __related_json, Plugin};
+use crate::wire::{WireRequest, WireResponse, kind_key, object_key};
+use crate::{__reconcile_json, __related_json, Plugin, RelatedSelector};
 
 /// Builds a [`WireRequest`] the way the host assembles one.
 #[derive(Debug, Clone, Default)]
@@ -113,19 +114,8 @@ impl RequestBuilder {
         self.wire
     }
 
-    // The host keys objects by name, and by namespace/name under a cluster-scoped parent.
     fn object_key(&self, obj: &Value) -> String {
-        let name = obj
-            .pointer("/metadata/name")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        let ns = obj.pointer("/metadata/namespace").and_then(Value::as_str);
-        match ns {
-            Some(ns) if self.wire.parent.pointer("/metadata/namespace").is_none() => {
-                format!("{ns}/{name}")
-            }
-            _ => name.to_owned(),
-        }
+        object_key(obj, Scope::of_object(&self.wire.parent))
     }
 }
 
@@ -138,8 +128,10 @@ impl From<RequestBuilder> for WireRequest {
 /// Runs `P::reconcile` on a request through the same code as the wasm export.
 ///
 /// Like the host, it first adds an empty map for every declared child and related kind the
-/// request lacks. Afterwards it refuses what the host would refuse before applying anything:
-/// children of undeclared kinds and duplicate children.
+/// request lacks. Afterwards it checks the response with the host's output rules and refuses
+/// what the host would refuse before applying anything, with the host's message. The parent's
+/// scope is read off the parent (namespaced when it has a namespace); every child kind counts
+/// as namespaced.
 pub fn reconcile<P: Plugin>(request: &WireRequest) -> Result<WireResponse, String> {
     let manifest = P::manifest();
     let mut request = request.clone();
@@ -152,42 +144,20 @@ pub fn reconcile<P: Plugin>(request: &WireRequest) -> Result<WireResponse, Strin
     for r in &manifest.related {
         request
             .related
-            .entry(kind_key(&r.kind.api_version, &r.kind.kind))
+            .entry(kind_key(&r.api_version, &r.kind))
             .or_default();
     }
     let json = serde_json::to_string(&request).map_err(|e| e.to_string())?;
     let out = __reconcile_json::<P>(&json)?;
     let response: WireResponse = serde_json::from_str(&out).map_err(|e| e.to_string())?;
-
-    let declared: BTreeSet<(&str, &str)> = manifest
-        .children
-        .iter()
-        .map(|k| (k.api_version.as_str(), k.kind.as_str()))
-        .collect();
-    let mut seen = BTreeSet::new();
-    for child in &response.children {
-        let field = |ptr: &str| {
-            child
-                .pointer(ptr)
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-        };
-        let (api_version, kind) = (field("/apiVersion"), field("/kind"));
-        if !declared.contains(&(api_version, kind)) {
-            return Err(format!(
-                "child kind {} is not declared",
-                kind_key(api_version, kind)
-            ));
-        }
-        let id = (
-            kind_key(api_version, kind),
-            field("/metadata/namespace"),
-            field("/metadata/name"),
-        );
-        if !seen.insert(id.clone()) {
-            return Err(format!("duplicate child {} {}", id.0, id.2));
-        }
-    }
+    let scope_of = |_: &KindRef| None;
+    let target = Target {
+        manifest: &manifest,
+        parent: &request.parent,
+        scope_of: &scope_of,
+        parent_scope: Scope::of_object(&request.parent),
+    };
+    validate(&target, response.clone()).map_err(|e| e.to_string())?;
     Ok(response)
 }
 

@@ -171,13 +171,17 @@ fn finalizing_round_trip() {
 fn errors_and_host_refusals_surface_as_messages() {
     let run = |mode| testing::reconcile::<Probe>(&RequestBuilder::new(&parent(mode)).build());
     assert_eq!(run("fail").unwrap_err(), "asked to fail");
+    // The host's own rules and messages (wasmop_contract::validate), every violation listed.
     assert_eq!(
         run("undeclared").unwrap_err(),
-        "child kind Deployment.apps/v1 is not declared"
+        "the plugin's response breaks 2 rules: \
+         child #0 (apps/v1 Deployment ?): apps/v1 Deployment is not a child kind of plugin probe (declared: v1 ConfigMap); \
+         child #0 (apps/v1 Deployment ?): metadata.name is required (generateName does not work with server-side apply)"
     );
     assert_eq!(
         run("duplicate").unwrap_err(),
-        "duplicate child ConfigMap.v1 a"
+        "the plugin's response breaks 1 rule: \
+         child #1 (v1 ConfigMap a): duplicates child #0 (same group, kind, namespace and name)"
     );
 
     let bad_parent = json!({"metadata": {"name": "p"}, "spec": {}});

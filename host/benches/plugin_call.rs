@@ -5,8 +5,6 @@
 //! Run with `cargo bench -p wasmop --bench plugin_call`; the wasm/native ratios are printed at
 //! the end.
 
-#[path = "../tests/common/guests.rs"]
-mod guests;
 #[path = "common/memcached_request.rs"]
 mod memcached_request;
 
@@ -18,7 +16,7 @@ use wasmop::sandbox::{Limits, Sandbox, SandboxConfig};
 const POD_COUNTS: [usize; 2] = [3, 100];
 
 fn main() {
-    let wasm = guests::read(guests::memcached());
+    let wasm = test_artifacts::read(test_artifacts::MEMCACHED);
     let sandbox = Sandbox::new(SandboxConfig {
         max_instances: 4,
         cache_dir: None,

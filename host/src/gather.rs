@@ -14,10 +14,10 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::core::{Selector, SelectorExt};
 use serde_json::{Map, Value};
-use wasmop_guest::wire::{ByName, WireRequest, kind_key};
+use wasmop_contract::wire::{ByName, WireRequest, kind_key, object_key};
+use wasmop_contract::{KindRef, Manifest, RelatedSelector};
 
 use crate::kinds::Scope;
-use crate::sandbox::{KindRef, Manifest, RelatedSelector};
 
 /// Where a request's objects come from.
 pub trait Observed {
@@ -74,7 +74,7 @@ pub fn request(
         let Some(declared) = manifest.related_kind(&selector.kind) else {
             continue;
         };
-        let objects = observed.selected(&selector.kind, namespace, &selector.selector);
+        let objects = observed.selected(&selector.kind, namespace, &selector.label_selector);
         let entry = related.entry(selector.kind.key()).or_default();
         for obj in objects {
             entry.insert(key(&obj), clean(obj, declared.metadata_only));
@@ -107,14 +107,6 @@ pub fn labels_of(obj: &Value) -> BTreeMap<String, String> {
                 .collect()
         })
         .unwrap_or_default()
-}
-
-fn object_key(obj: &Value, parent_scope: Scope) -> String {
-    let name = str_at(obj, "/metadata/name").unwrap_or_default();
-    match (parent_scope, str_at(obj, "/metadata/namespace")) {
-        (Scope::Cluster, Some(ns)) if !ns.is_empty() => format!("{ns}/{name}"),
-        _ => name.to_owned(),
-    }
 }
 
 /// Drops `managedFields`; with `metadata_only`, everything but apiVersion, kind and metadata.
@@ -173,7 +165,7 @@ impl ObjectList {
     fn of_kind<'a>(&'a self, kind: &'a KindRef) -> impl Iterator<Item = &'a Value> + 'a {
         self.objects
             .iter()
-            .filter(move |obj| KindRef::of(obj).is_some_and(|k| k.same_resource(kind)))
+            .filter(move |obj| KindRef::of_object(obj).is_some_and(|k| k.same_resource(kind)))
     }
 
     fn is_controller_ref(&self, owner: &Value, parent_uid: &str) -> bool {
@@ -184,7 +176,7 @@ impl ObjectList {
             return true;
         }
         self.fallback.as_ref().is_some_and(|(kind, name)| {
-            KindRef::of(owner).is_some_and(|k| k.same_resource(kind))
+            KindRef::of_object(owner).is_some_and(|k| k.same_resource(kind))
                 && str_at(owner, "/name") == Some(name.as_str())
         })
     }
@@ -224,7 +216,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::sandbox::RelatedKind;
+    use wasmop_contract::RelatedKind;
 
     fn manifest() -> Manifest {
         Manifest {
@@ -280,7 +272,7 @@ mod tests {
     fn app_selector(app: &str) -> RelatedSelector {
         RelatedSelector {
             kind: KindRef::new("v1", "Pod"),
-            selector: LabelSelector {
+            label_selector: LabelSelector {
                 match_labels: Some([("app".to_owned(), app.to_owned())].into()),
                 ..LabelSelector::default()
             },

@@ -33,8 +33,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::config;
-use crate::controller;
-use crate::plugin::{Registry, Status};
+use crate::controller::{self, Supervisor};
+use crate::plugin::{Loader, Registry, Status};
 use crate::sandbox::{Limits, Sandbox, SandboxConfig};
 use crate::telemetry::server;
 
@@ -125,13 +125,24 @@ impl Host {
             controller: "wasmop".into(),
             instance: Some(config.identity.clone()),
         };
+        let loader = Loader::new(
+            client.clone(),
+            sandbox,
+            config.watch_namespace.clone(),
+            config.controller.resync,
+        );
+        let supervisor = Supervisor::new(
+            client.clone(),
+            config.watch_namespace.clone(),
+            reporter.clone(),
+            config.controller.clone(),
+        );
         let registry = Registry::new(
             client.clone(),
             config.namespace.clone(),
-            config.watch_namespace.clone(),
-            sandbox,
             config.limits,
-            config.controller.clone(),
+            loader,
+            Box::new(supervisor),
             reporter,
         );
         let probes = bind(config.probe_addr).await?;

@@ -6,16 +6,9 @@ use kube::api::{Api, ApiResource, DynamicObject};
 use kube::core::GroupVersionKind;
 use kube::discovery;
 
-use crate::sandbox::{KindRef, Manifest};
+use wasmop_contract::{KindRef, Manifest};
 
-/// Whether objects of a kind live in a namespace.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Scope {
-    /// Objects live in a namespace.
-    Namespaced,
-    /// Objects are cluster-wide.
-    Cluster,
-}
+pub use wasmop_contract::Scope;
 
 /// A kind with what the API server told us about it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -24,7 +24,9 @@ pub mod sandbox;
 pub mod status;
 pub mod telemetry;
 pub mod text;
-pub mod validate;
 pub mod watch;
 
 pub use host::{Host, HostConfig, LeaderElection};
+/// The plugin contract: wire types, the manifest, and the output rules ([`validate`]).
+pub use wasmop_contract as contract;
+pub use wasmop_contract::validate;

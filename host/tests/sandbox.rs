@@ -2,20 +2,16 @@
 //! Memcached plugin. Every failure must come out as its own error kind, and the plugin must
 //! serve a normal call right after.
 
-#[path = "common/guests.rs"]
-mod guests;
-
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use wasmop::gather::{self, ObjectList};
 use wasmop::kinds::Scope;
-use wasmop::sandbox::{
-    Call, KindRef, Limits, Plugin, PluginError, PluginErrorKind, Sandbox, SandboxConfig,
-};
+use wasmop::sandbox::{Call, Limits, Plugin, PluginError, PluginErrorKind, Sandbox, SandboxConfig};
 use wasmop::validate::{self, Target, ValidationError};
-use wasmop_guest::wire::WireRequest;
+use wasmop_contract::KindRef;
+use wasmop_contract::wire::WireRequest;
 
 /// Test limits: short enough to keep the suite fast.
 const LIMITS: Limits = Limits {
@@ -36,7 +32,7 @@ fn sandbox() -> &'static Sandbox {
 }
 
 fn adversarial() -> Plugin {
-    let wasm = guests::read(&guests::guests().adversarial);
+    let wasm = test_artifacts::read(test_artifacts::ADVERSARIAL);
     sandbox()
         .load_blocking(&wasm, LIMITS)
         .expect("adversarial loads")
@@ -85,7 +81,7 @@ fn loads_and_answers() {
     assert!(plugin.digest().starts_with("sha256:") && plugin.digest().len() == 71);
     assert_eq!(
         plugin.size(),
-        guests::read(&guests::guests().adversarial).len()
+        test_artifacts::read(test_artifacts::ADVERSARIAL).len()
     );
     assert_eq!(plugin.limits(), &LIMITS);
 
@@ -93,7 +89,7 @@ fn loads_and_answers() {
     assert_eq!(selectors.len(), 1);
     assert_eq!(selectors[0].kind, KindRef::new("v1", "Pod"));
     assert_eq!(
-        selectors[0].selector.match_labels.as_ref().unwrap()["app"],
+        selectors[0].label_selector.match_labels.as_ref().unwrap()["app"],
         "probe"
     );
     assert_still_works(&plugin);
@@ -356,7 +352,7 @@ fn forged_owner_reference_is_refused() {
 
 #[test]
 fn wrong_interface_version_fails_at_load() {
-    let wasm = guests::read(&guests::guests().wrong_version);
+    let wasm = test_artifacts::read(test_artifacts::WRONG_VERSION);
     let err = sandbox().load_blocking(&wasm, LIMITS).unwrap_err();
     let PluginErrorKind::WrongInterface(detail) = &err.kind else {
         panic!("expected WrongInterface, got {err}");
@@ -389,7 +385,7 @@ fn core_modules_and_garbage_are_not_components() {
     assert_eq!(err.reason(), "NotAComponent");
 
     // A component header followed by nonsense.
-    let mut broken = guests::read(&guests::guests().adversarial);
+    let mut broken = test_artifacts::read(test_artifacts::ADVERSARIAL);
     broken.truncate(broken.len() / 2);
     let err = sandbox().load_blocking(&broken, LIMITS).unwrap_err();
     assert!(
@@ -400,7 +396,7 @@ fn core_modules_and_garbage_are_not_components() {
 
 #[test]
 fn bad_manifest_is_refused_at_load() {
-    let wasm = guests::read(&guests::guests().bad_manifest);
+    let wasm = test_artifacts::read(test_artifacts::BAD_MANIFEST);
     let err = sandbox().load_blocking(&wasm, LIMITS).unwrap_err();
     let PluginErrorKind::InvalidManifest(detail) = &err.kind else {
         panic!("expected InvalidManifest, got {err}");
@@ -417,7 +413,7 @@ fn async_calls_run_concurrently_on_a_small_pool() {
         cache_dir: None,
     })
     .unwrap();
-    let wasm = guests::read(&guests::guests().adversarial);
+    let wasm = test_artifacts::read(test_artifacts::ADVERSARIAL);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -503,7 +499,7 @@ fn disk_cache_survives_restarts_and_corruption() {
         max_instances: 2,
         cache_dir: Some(dir.clone()),
     };
-    let wasm = guests::read(&guests::guests().adversarial);
+    let wasm = test_artifacts::read(test_artifacts::ADVERSARIAL);
     let first = Sandbox::new(config.clone()).unwrap();
     let plugin = first.load_blocking(&wasm, LIMITS).unwrap();
     let hex = &plugin.digest()["sha256:".len()..];
@@ -538,7 +534,7 @@ fn disk_cache_survives_restarts_and_corruption() {
 
 #[test]
 fn memcached_reconciles_a_cr_with_three_pods() {
-    let wasm = guests::read(guests::memcached());
+    let wasm = test_artifacts::read(test_artifacts::MEMCACHED);
     let plugin = sandbox().load_blocking(&wasm, Limits::default()).unwrap();
     let m = plugin.manifest();
     assert_eq!(m.name, "memcached");
@@ -554,7 +550,7 @@ fn memcached_reconciles_a_cr_with_three_pods() {
     });
     let selectors = plugin.related_blocking(&cr).unwrap();
     assert_eq!(selectors.len(), 1);
-    let labels = selectors[0].selector.match_labels.clone().unwrap();
+    let labels = selectors[0].label_selector.match_labels.clone().unwrap();
     let mut observed: Vec<Value> = ["mc-c", "mc-a", "mc-b"]
         .iter()
         .map(|name| {

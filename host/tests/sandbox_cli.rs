@@ -1,9 +1,6 @@
 //! `wasmop render` and `wasmop inspect`, run as the built binary on the Memcached plugin and
 //! the sample in `deploy/samples/`.
 
-#[path = "common/guests.rs"]
-mod guests;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -42,7 +39,7 @@ fn documents(yaml: &str) -> Vec<Value> {
 }
 
 fn sample() -> PathBuf {
-    guests::workspace_root().join("deploy/samples/memcached.yaml")
+    test_artifacts::workspace_root().join("deploy/samples/memcached.yaml")
 }
 
 fn path_str(p: &Path) -> &str {
@@ -64,7 +61,7 @@ fn assert_one_line_error(out: &Output, needles: &[&str]) {
 
 #[test]
 fn render_memcached_sample_with_pods() {
-    let plugin = guests::memcached();
+    let plugin = Path::new(test_artifacts::MEMCACHED);
     let sample_yaml: Value =
         serde_yaml::from_str(&std::fs::read_to_string(sample()).unwrap()).unwrap();
     let name = sample_yaml["metadata"]["name"].as_str().unwrap().to_owned();
@@ -134,7 +131,7 @@ fn render_memcached_sample_with_pods() {
 
 #[test]
 fn inspect_memcached() {
-    let plugin = guests::memcached();
+    let plugin = Path::new(test_artifacts::MEMCACHED);
     let text = stdout(&wasmop(&["inspect", path_str(plugin)]));
     let report: Value = serde_yaml::from_str(&text).unwrap();
     let size = std::fs::metadata(plugin).unwrap().len();
@@ -153,7 +150,7 @@ fn missing_files_are_one_line_errors() {
     let out = wasmop(&["inspect", "/nonexistent/plugin.wasm"]);
     assert_one_line_error(&out, &["reading plugin /nonexistent/plugin.wasm"]);
 
-    let plugin = guests::memcached();
+    let plugin = Path::new(test_artifacts::MEMCACHED);
     let out = wasmop(&[
         "render",
         "--plugin",
@@ -193,7 +190,7 @@ fn garbage_modules_are_one_line_errors() {
 
 #[test]
 fn a_parent_of_another_kind_is_refused() {
-    let plugin = guests::memcached();
+    let plugin = Path::new(test_artifacts::MEMCACHED);
     let parent = scratch("parent").join("cm.yaml");
     std::fs::write(
         &parent,

@@ -14,9 +14,6 @@ use kube::core::GroupVersionKind;
 use serde_json::{Value, json};
 use testenv::TestNamespace;
 
-#[path = "../../host/tests/common/guests.rs"]
-pub mod guests;
-
 /// Generous: the control plane shares two cores with the build and the other tests.
 pub const TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -134,7 +131,7 @@ pub fn memcached_resource() -> ApiResource {
 
 /// Applies every CRD in `deploy/crds/` and a test-only `Probe` kind, and waits until served.
 async fn install_crds(client: &Client) {
-    let dir = guests::workspace_root().join("deploy/crds");
+    let dir = test_artifacts::workspace_root().join("deploy/crds");
     let mut crds: Vec<CustomResourceDefinition> = Vec::new();
     for entry in std::fs::read_dir(&dir).expect("deploy/crds") {
         let path = entry.unwrap().path();
@@ -184,31 +181,31 @@ impl Host {
 
     /// Starts `wasmop run` with `extra` arguments.
     pub fn start_with(kubeconfig: &Path, namespace: &str, extra: &[&str]) -> Host {
-        let dir = guests::workspace_root().join("target/e2e-logs");
+        Host::start_in(kubeconfig, namespace, namespace, extra)
+    }
+
+    /// Starts `wasmop run` with its plugins in `namespace`, reconciling only in `watch`, with
+    /// `extra` arguments.
+    pub fn start_in(kubeconfig: &Path, namespace: &str, watch: &str, extra: &[&str]) -> Host {
+        let dir = test_artifacts::workspace_root().join("target/e2e-logs");
         std::fs::create_dir_all(&dir).unwrap();
-        let log = dir.join(format!("{namespace}-{}.log", nanos()));
+        let log = dir.join(format!("{watch}-{}.log", nanos()));
         let file = std::fs::File::create(&log).unwrap();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_wasmop"));
-        cmd.args([
-            "run",
-            "--namespace",
-            namespace,
-            "--watch-namespace",
-            namespace,
-        ])
-        // Hosts run side by side: let each pick free ports.
-        .args([
-            "--probe-addr",
-            "127.0.0.1:0",
-            "--metrics-addr",
-            "127.0.0.1:0",
-        ])
-        .args(extra)
-        .env("KUBECONFIG", kubeconfig)
-        .env("RUST_LOG", "info,wasmop=debug")
-        .stdin(Stdio::null())
-        .stdout(file.try_clone().unwrap())
-        .stderr(file);
+        cmd.args(["run", "--namespace", namespace, "--watch-namespace", watch])
+            // Hosts run side by side: let each pick free ports.
+            .args([
+                "--probe-addr",
+                "127.0.0.1:0",
+                "--metrics-addr",
+                "127.0.0.1:0",
+            ])
+            .args(extra)
+            .env("KUBECONFIG", kubeconfig)
+            .env("RUST_LOG", "info,wasmop=debug")
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().unwrap())
+            .stderr(file);
         let child = testenv::spawn_tied(cmd).expect("start wasmop run");
         Host { child, log }
     }
@@ -246,8 +243,12 @@ impl Host {
             let line = logs.lines().find(|l| l.contains("serving HTTP"));
             Ok::<_, String>(line.and_then(|l| {
                 let start = l.find("127.0.0.1:")?;
-                let end = l[start..].find(|c: char| c != '.' && c != ':' && !c.is_ascii_digit())?;
-                Some(l[start..start + end].to_string())
+                // In JSON logs a quote follows the address; in text logs it ends the line.
+                let rest = &l[start..];
+                let end = rest
+                    .find(|c: char| c != '.' && c != ':' && !c.is_ascii_digit())
+                    .unwrap_or(rest.len());
+                Some(rest[..end].to_string())
             }))
         })
         .await

@@ -7,8 +7,8 @@
 //! The only test that uses the namespace `wasmop-system`: its plugin ConfigMaps are loaded by
 //! any host started with `--namespace wasmop-system`.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Command, Output};
 use std::time::Instant;
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Event, ServiceAccount};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
 
-use crate::common::{Env, TIMEOUT, guests};
+use crate::common::{Env, Host, TIMEOUT};
 
 const SYSTEM: &str = "wasmop-system";
 
@@ -30,10 +30,10 @@ async fn kustomize_install_runs_memcached_with_least_privilege() {
             .args(args)
             .env("KUBECONFIG", &env.kubeconfig))
     };
-    let root = guests::workspace_root();
+    let root = test_artifacts::workspace_root();
 
     // `deploy/rbac/memcached.yaml` is what `wasmop rbac` prints for the built module.
-    let memcached_wasm = guests::memcached();
+    let memcached_wasm = test_artifacts::MEMCACHED;
     let printed = run(Command::new(env!("CARGO_BIN_EXE_wasmop"))
         .arg("rbac")
         .arg(memcached_wasm));
@@ -116,7 +116,9 @@ async fn kustomize_install_runs_memcached_with_least_privilege() {
         .expect("a token");
     let kubeconfig = tree.join("wasmop.kubeconfig");
     write_token_kubeconfig(&env.kubeconfig, &token, &kubeconfig);
-    let host = SaHost::start(&kubeconfig, env.name());
+    // Its plugins in wasmop-system, reconciling only in this test's namespace; with
+    // `--leader-elect` as deployed, since the Lease is part of what the Role grants.
+    let host = Host::start_in(&kubeconfig, SYSTEM, env.name(), &["--leader-elect"]);
 
     // 3. Memcached reconciles with the granted RBAC only.
     env.put_memcached("cache", 2).await;
@@ -128,7 +130,7 @@ async fn kustomize_install_runs_memcached_with_least_privilege() {
     // 4. A plugin whose kinds were not granted, packaged as a user would.
     let packaged = run(Command::new(env!("CARGO_BIN_EXE_wasmop"))
         .arg("package")
-        .arg(&guests::guests().adversarial)
+        .arg(test_artifacts::ADVERSARIAL)
         .args(["--name", "probe"]));
     let file = tree.join("probe.yaml");
     std::fs::write(&file, &packaged.stdout).unwrap();
@@ -227,50 +229,6 @@ fn write_token_kubeconfig(admin: &Path, token: &str, to: &Path) {
         "current-context": "wasmop",
     });
     std::fs::write(to, serde_yaml::to_string(&config).unwrap()).unwrap();
-}
-
-/// `wasmop run` as the ServiceAccount, its plugins in wasmop-system, reconciling only in
-/// `watch` (the other tests' namespaces are theirs); killed when dropped.
-struct SaHost {
-    child: Child,
-    log: PathBuf,
-}
-
-impl SaHost {
-    fn start(kubeconfig: &Path, watch: &str) -> SaHost {
-        let dir = guests::workspace_root().join("target/e2e-logs");
-        std::fs::create_dir_all(&dir).unwrap();
-        let log = dir.join(format!("{watch}-sa.log"));
-        let file = std::fs::File::create(&log).unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_wasmop"));
-        cmd.args(["run", "--namespace", SYSTEM, "--watch-namespace", watch])
-            // As deployed: the Lease is part of what the Role grants.
-            .arg("--leader-elect")
-            .args([
-                "--probe-addr",
-                "127.0.0.1:0",
-                "--metrics-addr",
-                "127.0.0.1:0",
-            ])
-            .env("KUBECONFIG", kubeconfig)
-            .env("RUST_LOG", "info,wasmop=debug")
-            .stdin(Stdio::null())
-            .stdout(file.try_clone().unwrap())
-            .stderr(file);
-        let child = testenv::spawn_tied(cmd).expect("start wasmop run");
-        SaHost { child, log }
-    }
-
-    fn logs(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for SaHost {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// The newest Event with `reason` on the plugin ConfigMap `configmap` in wasmop-system.

@@ -5,7 +5,7 @@ use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
 
-use crate::common::{Env, TIMEOUT, guests};
+use crate::common::{Env, TIMEOUT, http_get};
 
 async fn events_for(env: &Env, kind: &str, name: &str) -> Vec<Event> {
     let api: Api<Event> = env.ns.api();
@@ -24,7 +24,7 @@ async fn events_for(env: &Env, kind: &str, name: &str) -> Vec<Event> {
 #[tokio::test(flavor = "multi_thread")]
 async fn garbage_module_keeps_the_last_good_version() {
     let env = Env::new("e2e-garbage").await;
-    let wasm = std::fs::read(guests::memcached()).unwrap();
+    let wasm = test_artifacts::read(test_artifacts::MEMCACHED);
     env.put_plugin("memcached", &wasm, None).await;
     let mut host = env.start_host();
     env.put_memcached("cache", 1).await;
@@ -60,8 +60,8 @@ async fn garbage_module_keeps_the_last_good_version() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_trapping_plugin_does_not_disturb_the_others() {
     let env = Env::new("e2e-two").await;
-    let memcached = std::fs::read(guests::memcached()).unwrap();
-    let adversarial = std::fs::read(&guests::guests().adversarial).unwrap();
+    let memcached = test_artifacts::read(test_artifacts::MEMCACHED);
+    let adversarial = test_artifacts::read(test_artifacts::ADVERSARIAL);
     env.put_plugin("memcached", &memcached, None).await;
     env.put_plugin("adversarial", &adversarial, Some("mode: panic\n"))
         .await;
@@ -121,6 +121,23 @@ async fn a_trapping_plugin_does_not_disturb_the_others() {
     )
     .await
     .unwrap();
+
+    // A trap is a guest fault: the same plugin traps again on the same input, so it is not
+    // retried on the short backoff (250 ms doubling would have run it 4 times in 3 s).
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let (_, metrics) = http_get(&host.http_addr().await, "/metrics").await;
+    let traps: Vec<&str> = metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("wasmop_reconcile_errors_total{") && l.contains("plugin=\"adversarial\"")
+        })
+        .collect();
+    assert_eq!(
+        traps,
+        ["wasmop_reconcile_errors_total{plugin=\"adversarial\",reason=\"PluginTrapped\"} 1"],
+        "one failed reconcile, not retried\nhost log:\n{}",
+        host.logs()
+    );
 
     // Meanwhile memcached keeps serving.
     env.put_memcached("cache", 1).await;

@@ -5,12 +5,12 @@
 use wasmop::plugin::State;
 use wasmop::{Host, HostConfig};
 
-use crate::common::{Env, TIMEOUT, guests, http_get};
+use crate::common::{Env, TIMEOUT, http_get};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn in_process_host_reconciles_and_stops_on_shutdown() {
     let env = Env::new("e2e-in-process").await;
-    let wasm = std::fs::read(guests::memcached()).unwrap();
+    let wasm = test_artifacts::read(test_artifacts::MEMCACHED);
     env.put_plugin("memcached", &wasm, None).await;
     let config = HostConfig {
         namespace: env.name().to_string(),

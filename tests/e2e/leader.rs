@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::common::{Env, Host, TIMEOUT, guests};
+use crate::common::{Env, Host, TIMEOUT};
 
 const LEADER: &str = "became the leader";
 
@@ -23,7 +23,7 @@ fn writes_before_leading(log: &str) -> usize {
 #[tokio::test(flavor = "multi_thread")]
 async fn standby_takes_over_when_the_leader_dies() {
     let env = Env::new("e2e-leader").await;
-    let wasm = std::fs::read(guests::memcached()).unwrap();
+    let wasm = test_artifacts::read(test_artifacts::MEMCACHED);
     env.put_plugin("memcached", &wasm, None).await;
     let args = ["--leader-elect"];
     let a = Host::start_with(&env.kubeconfig, env.name(), &args);

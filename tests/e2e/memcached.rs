@@ -7,12 +7,12 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::json;
 
-use crate::common::{Env, Host, TIMEOUT, guests, http_get};
+use crate::common::{Env, Host, TIMEOUT, http_get};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn memcached_create_scale_drift_delete() {
     let env = Env::new("e2e-memcached").await;
-    let wasm = std::fs::read(guests::memcached()).unwrap();
+    let wasm = test_artifacts::read(test_artifacts::MEMCACHED);
     env.put_plugin("memcached", &wasm, None).await;
     let host = Host::start_with(&env.kubeconfig, env.name(), &["--log-format", "json"]);
 
@@ -135,7 +135,7 @@ async fn memcached_create_scale_drift_delete() {
 #[tokio::test(flavor = "multi_thread")]
 async fn host_killed_mid_run_converges_after_restart() {
     let env = Env::new("e2e-restart").await;
-    let wasm = std::fs::read(guests::memcached()).unwrap();
+    let wasm = test_artifacts::read(test_artifacts::MEMCACHED);
     env.put_plugin("memcached", &wasm, None).await;
     let host = env.start_host();
     env.put_memcached("a", 2).await;

@@ -5,7 +5,7 @@ use std::time::Instant;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 
-use crate::common::{Env, TIMEOUT, guests};
+use crate::common::{Env, TIMEOUT};
 
 async fn services(env: &Env) -> Vec<String> {
     let list = env
@@ -26,8 +26,8 @@ async fn services(env: &Env) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread")]
 async fn hot_swap_to_second_build_and_back() {
     let env = Env::new("e2e-swap").await;
-    let v1 = std::fs::read(guests::memcached()).unwrap();
-    let v2 = std::fs::read(guests::memcached_v2()).unwrap();
+    let v1 = test_artifacts::read(test_artifacts::MEMCACHED);
+    let v2 = test_artifacts::read(test_artifacts::MEMCACHED_V2);
     env.put_plugin("memcached", &v1, None).await;
     let mut host = env.start_host();
     let pid = host.pid();

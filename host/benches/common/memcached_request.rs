@@ -2,10 +2,10 @@
 //! crate's `plugin_call` and the bench runner (`tests/bench`) include this file.
 
 use serde_json::{Value, json};
+use wasmop::contract::wire::WireRequest;
 use wasmop::gather::{self, ObjectList};
 use wasmop::kinds::Scope;
 use wasmop::sandbox::{Plugin, PluginError};
-use wasmop_guest::wire::WireRequest;
 
 /// A 3-replica Memcached with its Deployment and `pods` matching pods.
 pub fn request(plugin: &Plugin, pods: usize) -> Result<WireRequest, PluginError> {
@@ -17,7 +17,7 @@ pub fn request(plugin: &Plugin, pods: usize) -> Result<WireRequest, PluginError>
     let selectors = plugin.related_blocking(&cr)?;
     let labels = selectors
         .first()
-        .and_then(|s| s.selector.match_labels.clone())
+        .and_then(|s| s.label_selector.match_labels.clone())
         .unwrap_or_default();
     let mut observed: Vec<Value> = (0..pods)
         .map(|i| {

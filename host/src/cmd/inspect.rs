@@ -7,9 +7,9 @@ use std::io::Write;
 use flate2::Compression;
 use flate2::write::GzEncoder;
 use serde::Serialize;
+use wasmop_contract::Manifest;
 
 use crate::cli::InspectArgs;
-use crate::sandbox::Manifest;
 
 /// What `inspect` prints, in this order.
 #[derive(Serialize)]

@@ -18,11 +18,11 @@ use flate2::write::GzEncoder;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::ObjectMeta;
+use wasmop_contract::names::is_dns1123_subdomain;
 
 use crate::cli::PackageArgs;
 use crate::plugin::PLUGIN_LABEL;
 use crate::plugin::source::SETTINGS_KEY;
-use crate::sandbox::is_dns1123_subdomain;
 
 /// Largest total of a ConfigMap's values the API server accepts.
 pub const CONFIGMAP_LIMIT: usize = 1 << 20;

@@ -10,10 +10,10 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
 use kube::api::ObjectMeta;
+use wasmop_contract::{KindRef, Manifest};
 
 use crate::cli::RbacArgs;
 use crate::plugin::access::{self, Need, Resource};
-use crate::sandbox::{KindRef, Manifest};
 
 /// How to name and bind the rules.
 #[derive(Debug, Clone)]
@@ -165,7 +165,7 @@ pub fn guess_plural(kind: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sandbox::RelatedKind;
+    use wasmop_contract::RelatedKind;
 
     fn options() -> Options {
         Options {
@@ -176,27 +176,10 @@ mod tests {
         }
     }
 
-    /// The Memcached plugin's manifest, from its native build.
+    /// The Memcached plugin's manifest, from its native build: the SDK's type is the host's.
     fn memcached_manifest() -> Manifest {
         use wasmop_guest::Plugin;
-        let m = memcached::MemcachedPlugin::manifest();
-        let kind = |k: &wasmop_guest::KindRef| KindRef::new(&k.api_version, &k.kind);
-        Manifest {
-            name: m.name,
-            version: m.version,
-            parent: kind(&m.parent),
-            children: m.children.iter().map(kind).collect(),
-            related: m
-                .related
-                .iter()
-                .map(|r| RelatedKind {
-                    api_version: r.kind.api_version.clone(),
-                    kind: r.kind.kind.clone(),
-                    metadata_only: r.metadata_only,
-                })
-                .collect(),
-            finalizer: m.finalizer,
-        }
+        memcached::MemcachedPlugin::manifest()
     }
 
     #[test]

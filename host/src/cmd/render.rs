@@ -1,5 +1,5 @@
 //! `wasmop render`: runs a plugin offline, through the same sandbox, request assembly
-//! ([`crate::gather`]) and output validation ([`crate::validate`]) as the controller, and prints
+//! ([`crate::gather`]) and output validation ([`wasmop_contract::validate`]) as the controller, and prints
 //! what the host would do.
 //!
 //! Inputs: the plugin module, the parent (one YAML or JSON document), observed objects
@@ -32,12 +32,13 @@ use anyhow::{Context, bail};
 use serde::Deserialize as _;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
+use wasmop_contract::KindRef;
+use wasmop_contract::validate::{self, Target, Validated};
 
 use crate::cli::RenderArgs;
 use crate::gather::{self, ObjectList};
 use crate::kinds::Scope;
-use crate::sandbox::{KindRef, Limits, Plugin, Sandbox, SandboxConfig};
-use crate::validate::{self, Target, Validated};
+use crate::sandbox::{Limits, Plugin, Sandbox, SandboxConfig};
 
 /// The output format, for `wasmop render --help` (`#[command(after_help = …)]`).
 pub const AFTER_HELP: &str = "\
@@ -78,7 +79,7 @@ pub fn run(args: RenderArgs) -> anyhow::Result<()> {
         .load_blocking(&wasm, Limits::from(&args.limits))
         .with_context(|| format!("loading plugin {}", args.plugin.display()))?;
 
-    let parent_kind = KindRef::of(&parent).with_context(|| {
+    let parent_kind = KindRef::of_object(&parent).with_context(|| {
         format!(
             "parent {}: apiVersion and kind are required",
             args.parent.display()

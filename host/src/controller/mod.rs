@@ -6,10 +6,12 @@
 //! [`ControllerHandle::swap`]ped in without restarting anything: calls in flight finish on the
 //! old version, and every parent is reconciled again with the new one.
 
+pub mod error;
 pub mod queue;
 pub mod reconcile;
+pub mod supervisor;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,18 +20,19 @@ use kube::Client;
 use kube::api::DynamicObject;
 use kube::core::{Selector, SelectorExt};
 use kube::runtime::events::Recorder;
-use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tracing::Instrument;
+use wasmop_contract::RelatedSelector;
 
 use crate::config;
-use crate::kinds::{self, Kinds};
-use crate::sandbox::{Plugin, RelatedSelector};
+use crate::kinds::{self, Kinds, ResolvedKind};
+use crate::plugin::Loaded;
 use crate::telemetry::events::Events;
 use crate::watch::{Cache, Change, Hub, ObjKey, Subscription, key_of};
 use queue::{Backoff, Queue, Reason};
+pub use supervisor::Supervisor;
 
 /// How a controller schedules its work. One value serves every plugin of a host.
 #[derive(Debug, Clone)]
@@ -54,27 +57,6 @@ impl Default for Config {
             resync: Duration::from_secs(config::RESYNC_SECONDS),
             backoff: Backoff::default(),
         }
-    }
-}
-
-/// One version of a plugin with the configuration it runs with.
-#[derive(Clone)]
-pub struct Loaded {
-    /// The compiled plugin.
-    pub plugin: Plugin,
-    /// Its settings.
-    pub settings: Arc<Value>,
-    /// Its resync period.
-    pub resync: Duration,
-}
-
-impl Loaded {
-    /// `name version (sha256:abcdef012345)` for logs, Events and conditions.
-    pub fn describe(&self) -> String {
-        let m = self.plugin.manifest();
-        let digest = self.plugin.digest();
-        let short = &digest[..digest.len().min(19)];
-        format!("{} {} ({short})", m.name, m.version)
     }
 }
 
@@ -207,11 +189,7 @@ pub fn spawn(
         config,
         queue: Queue::default(),
         running: JoinSet::new(),
-        in_flight: HashSet::new(),
-        dirty: HashMap::new(),
-        failures: HashMap::new(),
-        deferred: HashSet::new(),
-        fingerprints: HashMap::new(),
+        parents: HashMap::new(),
     };
     let (synced_tx, synced) = watch::channel(false);
     let span = tracing::info_span!("controller", plugin = %name);
@@ -229,15 +207,125 @@ struct Runner {
     loaded: Loaded,
     config: Config,
     queue: Queue,
-    running: JoinSet<(ObjKey, Result<reconcile::Outcome, ()>)>,
-    in_flight: HashSet<ObjKey>,
-    dirty: HashMap<ObjKey, Reason>,
-    failures: HashMap<ObjKey, u32>,
-    // Parents whose last reconcile left the status to the next one; the next writes it.
-    deferred: HashSet<ObjKey>,
-    // What of each parent, besides its status, we last saw: a status-only update (our own
-    // write, usually) does not trigger a reconcile.
-    fingerprints: HashMap<ObjKey, u64>,
+    running: JoinSet<(ObjKey, Result<reconcile::Outcome, error::Error>)>,
+    parents: HashMap<ObjKey, ParentState>,
+}
+
+/// What a controller keeps about one parent between reconciles, in one place so that it is
+/// dropped in one place.
+#[derive(Debug, Default)]
+struct ParentState {
+    /// A reconcile of it is running.
+    in_flight: bool,
+    /// A change came while it ran: reconcile again right after, for this reason.
+    dirty: Option<Reason>,
+    /// Failed reconciles in a row.
+    failures: u32,
+    /// Its last reconcile left the status to the next one, which writes it.
+    status_deferred: bool,
+    /// What of it, besides its status, we last saw: a status-only update (our own write,
+    /// usually) does not trigger a reconcile.
+    fingerprint: Option<u64>,
+}
+
+/// What the queue should do after a reconcile.
+#[derive(Debug, PartialEq, Eq)]
+struct Next {
+    /// Failed reconciles in a row, this one counted.
+    failures: u32,
+    /// The status was left to the next reconcile.
+    status_deferred: bool,
+    /// When (from now) to reconcile again, and why; `None` when the parent is gone.
+    again: Option<(Duration, Reason)>,
+}
+
+/// Decides when a parent is reconciled next, given how its reconcile ended and how many
+/// failed before it.
+fn after_reconcile(
+    result: &Result<reconcile::Outcome, error::Error>,
+    failures: u32,
+    config: &Config,
+    resync: Duration,
+) -> Next {
+    match result {
+        Ok(outcome) if outcome.gone => Next {
+            failures: 0,
+            status_deferred: false,
+            again: None,
+        },
+        // The children's watch events normally ask first; this is in case none comes.
+        Ok(outcome) if outcome.status_deferred => Next {
+            failures: 0,
+            status_deferred: true,
+            again: Some((config.debounce, Reason::Settle)),
+        },
+        Ok(outcome) => Next {
+            failures: 0,
+            status_deferred: false,
+            again: Some(match outcome.requeue_after {
+                Some(after) if after < resync => (after, Reason::Requeue),
+                _ => (resync, Reason::Resync),
+            }),
+        },
+        Err(e) => {
+            let n = failures + 1;
+            // The same plugin on the same input fails the same way: wait for a change (of the
+            // parent, a child, a related object or the plugin), or the resync.
+            let delay = if e.error.is_guest_fault() {
+                resync
+            } else {
+                config.backoff.delay(n)
+            };
+            Next {
+                failures: n,
+                status_deferred: false,
+                again: Some((delay, Reason::Retry(n))),
+            }
+        }
+    }
+}
+
+/// The parent a child belongs to: the namespace and name of its controller owner of the
+/// parent kind (same group and kind, any version).
+fn child_owner(parent: &ResolvedKind, obj: &DynamicObject) -> Option<ObjKey> {
+    let (group, _) = kinds::split_api_version(&parent.kind.api_version);
+    let owner = obj.metadata.owner_references.iter().flatten().find(|o| {
+        o.controller == Some(true)
+            && o.kind == parent.kind.kind
+            && kinds::split_api_version(&o.api_version).0 == group
+    })?;
+    let ns = parent
+        .namespaced
+        .then(|| obj.metadata.namespace.clone())
+        .flatten();
+    Some((ns, owner.name.clone()))
+}
+
+/// The parents whose last selectors for related kind `kind` match `obj`: those of its
+/// namespace only, for a namespaced parent kind.
+fn related_parents(
+    selectors: &BTreeMap<ObjKey, Related>,
+    kind: usize,
+    obj: &DynamicObject,
+    parent_namespaced: bool,
+) -> Vec<ObjKey> {
+    let labels = obj.metadata.labels.clone().unwrap_or_default();
+    let matches = |(key, r): (&ObjKey, &Related)| {
+        r.parsed
+            .iter()
+            .any(|(k, s)| *k == kind && s.matches(&labels))
+            .then(|| key.clone())
+    };
+    if parent_namespaced {
+        let ns = obj.metadata.namespace.clone();
+        selectors
+            .range((ns.clone(), String::new())..)
+            .take_while(|((pns, _), _)| *pns == ns)
+            .filter_map(matches)
+            .collect()
+    } else {
+        selectors.iter().filter_map(matches).collect()
+    }
 }
 
 impl Runner {
@@ -322,14 +410,15 @@ impl Runner {
             let Some((key, reason)) = self.queue.pop_due(now) else {
                 break;
             };
-            if self.in_flight.contains(&key) {
-                self.dirty.insert(key, reason);
+            let state = self.parents.entry(key.clone()).or_default();
+            if state.in_flight {
+                state.dirty = Some(reason);
                 continue;
             }
-            self.in_flight.insert(key.clone());
+            state.in_flight = true;
+            let may_defer = !state.status_deferred;
             let shared = self.shared.clone();
             let loaded = self.loaded.clone();
-            let may_defer = !self.deferred.contains(&key);
             self.running.spawn(async move {
                 let result = reconcile::run(&shared, &loaded, &key, &reason, may_defer).await;
                 (key, result)
@@ -346,17 +435,28 @@ impl Runner {
                 let key = key_of(obj);
                 match change {
                     Change::Applied(ref o) => {
-                        let fp = fingerprint(o);
-                        if self.fingerprints.insert(key.clone(), fp) == Some(fp) {
+                        let fp = Some(fingerprint(o));
+                        let state = self.parents.entry(key.clone()).or_default();
+                        if std::mem::replace(&mut state.fingerprint, fp) == fp {
                             return;
                         }
                         self.queue.schedule(key, now, Reason::ParentChanged);
                     }
                     Change::Deleted(_) => {
                         self.queue.remove(&key);
-                        self.fingerprints.remove(&key);
-                        self.failures.remove(&key);
-                        self.deferred.remove(&key);
+                        // A reconcile in flight still reports back; the rest is forgotten.
+                        if let Some(state) = self.parents.remove(&key)
+                            && state.in_flight
+                        {
+                            self.parents.insert(
+                                key.clone(),
+                                ParentState {
+                                    in_flight: true,
+                                    dirty: state.dirty,
+                                    ..ParentState::default()
+                                },
+                            );
+                        }
                         self.shared
                             .selectors
                             .lock()
@@ -366,45 +466,15 @@ impl Runner {
                 }
             }
             Role::Child(i) => {
-                let parent = &self.shared.kinds.parent;
-                let (group, _) = kinds::split_api_version(&parent.kind.api_version);
-                let owner = obj.metadata.owner_references.iter().flatten().find(|o| {
-                    o.controller == Some(true)
-                        && o.kind == parent.kind.kind
-                        && kinds::split_api_version(&o.api_version).0 == group
-                });
-                if let Some(owner) = owner {
-                    let ns = parent
-                        .namespaced
-                        .then(|| obj.metadata.namespace.clone())
-                        .flatten();
+                if let Some(key) = child_owner(&self.shared.kinds.parent, obj) {
                     let what = describe(&self.shared.child_kinds[i].kind.kind, obj);
-                    self.queue
-                        .schedule((ns, owner.name.clone()), at, Reason::ChildChanged(what));
+                    self.queue.schedule(key, at, Reason::ChildChanged(what));
                 }
             }
             Role::Related(i) => {
-                let labels = obj.metadata.labels.clone().unwrap_or_default();
-                let ns = obj.metadata.namespace.as_deref();
-                let parent_namespaced = self.shared.kinds.parent.namespaced;
-                let hits: Vec<ObjKey> = {
+                let hits = {
                     let selectors = self.shared.selectors.lock().expect("selectors lock");
-                    let matches = |(key, r): (&ObjKey, &Related)| {
-                        r.parsed
-                            .iter()
-                            .any(|(k, s)| *k == i && s.matches(&labels))
-                            .then(|| key.clone())
-                    };
-                    if parent_namespaced {
-                        let ns = ns.map(str::to_owned);
-                        selectors
-                            .range((ns.clone(), String::new())..)
-                            .take_while(|((pns, _), _)| *pns == ns)
-                            .filter_map(matches)
-                            .collect()
-                    } else {
-                        selectors.iter().filter_map(matches).collect()
-                    }
+                    related_parents(&selectors, i, obj, self.shared.kinds.parent.namespaced)
                 };
                 let what = describe(&self.shared.kinds.related[i].0.kind.kind, obj);
                 for key in hits {
@@ -425,46 +495,23 @@ impl Runner {
         }
     }
 
-    fn on_done(&mut self, key: ObjKey, result: Result<reconcile::Outcome, ()>) {
-        self.in_flight.remove(&key);
+    fn on_done(&mut self, key: ObjKey, result: Result<reconcile::Outcome, error::Error>) {
         let now = Instant::now();
-        let deferred = matches!(&result, Ok(o) if o.status_deferred);
-        if deferred {
-            self.deferred.insert(key.clone());
-            // The children's watch events normally ask first; this is in case none comes.
-            self.queue
-                .schedule(key.clone(), now + self.config.debounce, Reason::Settle);
-        } else {
-            self.deferred.remove(&key);
+        let state = self.parents.entry(key.clone()).or_default();
+        state.in_flight = false;
+        let next = after_reconcile(&result, state.failures, &self.config, self.loaded.resync);
+        state.failures = next.failures;
+        state.status_deferred = next.status_deferred;
+        let dirty = state.dirty.take();
+        if let Err(e) = &result
+            && e.error.is_guest_fault()
+        {
+            tracing::info!(parent = %key.1, reason = e.error.reason(), "guest fault; not retried until its input or the plugin changes");
         }
-        match result {
-            Ok(outcome) if outcome.gone => {
-                self.failures.remove(&key);
-            }
-            Ok(_) if deferred => {
-                self.failures.remove(&key);
-            }
-            Ok(outcome) => {
-                self.failures.remove(&key);
-                match outcome.requeue_after {
-                    Some(after) if after < self.loaded.resync => {
-                        self.queue
-                            .schedule(key.clone(), now + after, Reason::Requeue)
-                    }
-                    _ => self
-                        .queue
-                        .schedule(key.clone(), now + self.loaded.resync, Reason::Resync),
-                }
-            }
-            Err(()) => {
-                let n = self.failures.entry(key.clone()).or_default();
-                *n += 1;
-                let delay = self.config.backoff.delay(*n);
-                self.queue
-                    .schedule(key.clone(), now + delay, Reason::Retry(*n));
-            }
+        if let Some((after, reason)) = next.again {
+            self.queue.schedule(key.clone(), now + after, reason);
         }
-        if let Some(reason) = self.dirty.remove(&key) {
+        if let Some(reason) = dirty {
             let at = match reason {
                 Reason::ParentChanged => now,
                 _ => now + self.config.debounce,
@@ -510,4 +557,196 @@ pub(crate) fn fingerprint(obj: &DynamicObject) -> u64 {
         obj.data.to_string().hash(&mut h);
     }
     h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, OwnerReference};
+    use kube::api::ApiResource;
+    use kube::core::GroupVersionKind;
+    use wasmop_contract::KindRef;
+
+    use super::error::{Error, ReconcileError};
+    use super::reconcile::Outcome;
+    use super::*;
+
+    fn memcached(namespaced: bool) -> ResolvedKind {
+        let gvk = GroupVersionKind::gvk("cache.example.com", "v1alpha1", "Memcached");
+        ResolvedKind {
+            kind: KindRef::new("cache.example.com/v1alpha1", "Memcached"),
+            resource: ApiResource::from_gvk_with_plural(&gvk, "memcacheds"),
+            namespaced,
+        }
+    }
+
+    fn object(ns: Option<&str>, name: &str) -> DynamicObject {
+        let gvk = GroupVersionKind::gvk("", "v1", "Pod");
+        let mut obj = DynamicObject::new(name, &ApiResource::from_gvk_with_plural(&gvk, "pods"));
+        obj.metadata.namespace = ns.map(str::to_string);
+        obj
+    }
+
+    fn owned_by(
+        mut obj: DynamicObject,
+        api_version: &str,
+        kind: &str,
+        controller: bool,
+    ) -> DynamicObject {
+        obj.metadata.owner_references = Some(vec![OwnerReference {
+            api_version: api_version.into(),
+            kind: kind.into(),
+            name: "cache".into(),
+            uid: "u1".into(),
+            controller: Some(controller),
+            ..Default::default()
+        }]);
+        obj
+    }
+
+    fn failed(error: ReconcileError) -> Result<Outcome, Error> {
+        Err(Error {
+            parent: (Some("ns".into()), "cache".into()),
+            error: Box::new(error),
+        })
+    }
+
+    #[test]
+    fn a_child_maps_to_its_controller_owner_of_the_parent_kind() {
+        let parent = memcached(true);
+        let child = object(Some("ns"), "cache-abc");
+        let key = (Some("ns".to_string()), "cache".to_string());
+        let any_version = owned_by(child.clone(), "cache.example.com/v1", "Memcached", true);
+        assert_eq!(child_owner(&parent, &any_version), Some(key));
+        let not_controller = owned_by(
+            child.clone(),
+            "cache.example.com/v1alpha1",
+            "Memcached",
+            false,
+        );
+        assert_eq!(child_owner(&parent, &not_controller), None);
+        let other_group = owned_by(
+            child.clone(),
+            "other.example.com/v1alpha1",
+            "Memcached",
+            true,
+        );
+        assert_eq!(child_owner(&parent, &other_group), None);
+        assert_eq!(child_owner(&parent, &child), None, "no owner");
+        // A cluster-scoped parent is keyed without a namespace.
+        let cluster = owned_by(child, "cache.example.com/v1alpha1", "Memcached", true);
+        assert_eq!(
+            child_owner(&memcached(false), &cluster),
+            Some((None, "cache".into()))
+        );
+    }
+
+    #[test]
+    fn a_related_change_reaches_only_the_parents_whose_selectors_match_in_its_namespace() {
+        let selector = |app: &str| -> Selector {
+            LabelSelector {
+                match_labels: Some([("app".to_string(), app.to_string())].into()),
+                ..Default::default()
+            }
+            .try_into()
+            .unwrap()
+        };
+        let related = |kind: usize, app: &str| Related {
+            digest: "sha256:00".into(),
+            fingerprint: 0,
+            selectors: Vec::new(),
+            parsed: vec![(kind, selector(app))],
+        };
+        let key = |ns: &str, name: &str| (Some(ns.to_string()), name.to_string());
+        let selectors = BTreeMap::from([
+            (key("a", "one"), related(0, "web")),
+            (key("a", "two"), related(0, "db")),
+            (key("a", "three"), related(1, "web")),
+            (key("b", "four"), related(0, "web")),
+        ]);
+        let mut pod = object(Some("a"), "p");
+        pod.metadata.labels = Some([("app".to_string(), "web".to_string())].into());
+        assert_eq!(
+            related_parents(&selectors, 0, &pod, true),
+            vec![key("a", "one")]
+        );
+        assert_eq!(
+            related_parents(&selectors, 1, &pod, true),
+            vec![key("a", "three")]
+        );
+        // Cluster-scoped parents see every namespace.
+        assert_eq!(
+            related_parents(&selectors, 0, &pod, false),
+            vec![key("a", "one"), key("b", "four")]
+        );
+        pod.metadata.labels = None;
+        assert!(related_parents(&selectors, 0, &pod, true).is_empty());
+    }
+
+    #[test]
+    fn after_a_reconcile_the_parent_is_due_again_at_the_right_time() {
+        let config = Config::default();
+        let resync = Duration::from_secs(600);
+        let ok = |requeue_after, status_deferred, gone| -> Result<Outcome, Error> {
+            Ok(Outcome {
+                gone,
+                requeue_after,
+                status_deferred,
+            })
+        };
+        // Success: the resync, or the plugin's requeue when sooner; failures forgotten.
+        let next = after_reconcile(&ok(None, false, false), 3, &config, resync);
+        assert_eq!(
+            next,
+            Next {
+                failures: 0,
+                status_deferred: false,
+                again: Some((resync, Reason::Resync))
+            }
+        );
+        let soon = Duration::from_secs(5);
+        let next = after_reconcile(&ok(Some(soon), false, false), 0, &config, resync);
+        assert_eq!(next.again, Some((soon, Reason::Requeue)));
+        let later = Duration::from_secs(900);
+        let next = after_reconcile(&ok(Some(later), false, false), 0, &config, resync);
+        assert_eq!(next.again, Some((resync, Reason::Resync)));
+        // Children changed: the status waits for their events, with a fallback.
+        let next = after_reconcile(&ok(None, true, false), 0, &config, resync);
+        assert_eq!(
+            next,
+            Next {
+                failures: 0,
+                status_deferred: true,
+                again: Some((config.debounce, Reason::Settle))
+            }
+        );
+        // Gone: nothing more.
+        assert_eq!(
+            after_reconcile(&ok(None, false, true), 2, &config, resync).again,
+            None
+        );
+    }
+
+    #[test]
+    fn api_faults_back_off_and_guest_faults_wait_for_a_change() {
+        let config = Config::default();
+        let resync = Duration::from_secs(600);
+        let api = failed(ReconcileError::Apply(Vec::new()));
+        for (before, delay) in [(0, 250), (1, 500), (2, 1000)] {
+            let next = after_reconcile(&api, before, &config, resync);
+            assert_eq!(next.failures, before + 1);
+            assert_eq!(
+                next.again,
+                Some((Duration::from_millis(delay), Reason::Retry(before + 1)))
+            );
+        }
+        let guest = failed(ReconcileError::InvalidSelector(
+            "a selector for v1 Secret".into(),
+        ));
+        let next = after_reconcile(&guest, 0, &config, resync);
+        assert_eq!(
+            next.again,
+            Some((resync, Reason::Retry(1))),
+            "not a short backoff"
+        );
+    }
 }

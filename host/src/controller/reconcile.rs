@@ -16,18 +16,21 @@ use kube::core::Selector;
 use kube::runtime::events::{Event, EventType};
 use serde_json::{Value, json};
 use tracing::Instrument;
+use wasmop_contract::validate::{self, Target};
+use wasmop_contract::{KindRef, Manifest, RelatedSelector};
 
+use super::error::{Error, ReconcileError};
 use super::queue::Reason;
-use super::{Loaded, Related, Shared};
+use super::{Related, Shared};
 use crate::apply::{self, Children};
 use crate::gather::{self, Observed};
 use crate::kinds::Kinds;
-use crate::sandbox::{KindRef, Manifest, RelatedSelector};
+use crate::plugin::Loaded;
+use crate::sandbox::PluginError;
 use crate::status::{self, Ready};
 use crate::telemetry::metrics;
 use crate::telemetry::metrics::{CallLabels, PluginLabels, ReasonLabels, ResultLabels};
 use crate::text::truncate;
-use crate::validate::{self, Target};
 use crate::watch::ObjKey;
 
 /// What a successful reconcile asks of the queue.
@@ -42,34 +45,39 @@ pub struct Outcome {
     pub status_deferred: bool,
 }
 
-/// A failed step, with the reason that goes into the `Ready` condition.
+/// A failed step, and the plugin's status when the failure came after the plugin answered (it
+/// is still written, beside `Ready=False`).
 #[derive(Debug)]
 struct Failure {
-    reason: &'static str,
-    message: String,
-    // The plugin's status, when the failure came after the plugin answered.
+    error: ReconcileError,
     status: Option<Value>,
 }
 
-impl Failure {
-    fn new(reason: &'static str, message: impl Into<String>) -> Self {
+impl From<ReconcileError> for Failure {
+    fn from(error: ReconcileError) -> Self {
         Failure {
-            reason,
-            message: message.into(),
+            error,
             status: None,
         }
     }
 }
 
-/// Reconciles the parent at `key` with `loaded`. Errors are logged, recorded on the parent and
-/// reported as `Err(())` so the caller backs off.
+impl From<PluginError> for Failure {
+    fn from(e: PluginError) -> Self {
+        ReconcileError::from(e).into()
+    }
+}
+
+/// Reconciles the parent at `key` with `loaded`. A failure is logged and recorded on the
+/// parent (its `Ready` condition and a Warning Event), then returned for the controller to
+/// decide when to try again.
 pub async fn run(
     shared: &Shared,
     loaded: &Loaded,
     key: &ObjKey,
     reason: &Reason,
     may_defer_status: bool,
-) -> Result<Outcome, ()> {
+) -> Result<Outcome, Error> {
     let manifest = loaded.plugin.manifest();
     let span = tracing::info_span!(
         "reconcile",
@@ -94,13 +102,14 @@ pub async fn run(
                 Ok(outcome)
             }
             Err(failure) => {
-                tracing::warn!(reason = failure.reason, error = %failure.message, "reconcile failed");
+                let reason = failure.error.reason();
+                tracing::warn!(reason, guest_fault = failure.error.is_guest_fault(), error = %failure.error, "reconcile failed");
                 m.reconciles.get_or_create(&labels("error")).inc();
                 m.reconcile_errors
-                    .get_or_create(&ReasonLabels { plugin: manifest.name.clone(), reason: failure.reason.to_string() })
+                    .get_or_create(&ReasonLabels { plugin: manifest.name.clone(), reason: reason.to_string() })
                     .inc();
-                record_failure(shared, loaded, &parent, failure).await;
-                Err(())
+                let error = record_failure(shared, loaded, &parent, failure).await;
+                Err(Error { parent: key.clone(), error: Box::new(error) })
             }
         };
         m.reconcile_duration
@@ -124,8 +133,8 @@ async fn steps(
     let api = kinds
         .parent
         .api(&shared.client, parent.metadata.namespace.as_deref());
-    let field_manager = format!("wasmop/{}", manifest.name);
-    let finalizer = format!("wasmop.io/{}", manifest.name);
+    let field_manager = manifest.field_manager();
+    let finalizer = manifest.finalizer_name();
     let finalizers = parent.metadata.finalizers.clone().unwrap_or_default();
     let has_finalizer = finalizers.contains(&finalizer);
     let deleting = parent.metadata.deletion_timestamp.is_some();
@@ -157,9 +166,7 @@ async fn steps(
     let selectors = match known {
         Some(selectors) => selectors,
         None => {
-            let selectors = timed(manifest, "related", plugin.related(&parent_json))
-                .await
-                .map_err(|e| Failure::new(e.kind.reason(), e.to_string()))?;
+            let selectors = timed(manifest, "related", plugin.related(&parent_json)).await?;
             let parsed = parse_selectors(kinds, &selectors)?;
             shared.selectors.lock().expect("selectors lock").insert(
                 key,
@@ -186,9 +193,7 @@ async fn steps(
         &loaded.settings,
         deleting,
     );
-    let response = timed(manifest, "reconcile", plugin.reconcile(&request))
-        .await
-        .map_err(|e| Failure::new(e.kind.reason(), e.to_string()))?;
+    let response = timed(manifest, "reconcile", plugin.reconcile(&request)).await?;
 
     // 4. Validate: the same code `wasmop render` runs.
     let valid = {
@@ -199,8 +204,7 @@ async fn steps(
             scope_of: &scope_of,
             parent_scope,
         };
-        validate::validate(&target, response)
-            .map_err(|e| Failure::new("InvalidOutput", e.to_string()))?
+        validate::validate(&target, response).map_err(ReconcileError::InvalidOutput)?
     };
     for w in &valid.warnings {
         tracing::warn!(warning = %w, "plugin output adjusted");
@@ -227,14 +231,8 @@ async fn steps(
     let applied = match applied {
         Ok(report) => report,
         Err(errors) => {
-            let message = errors
-                .iter()
-                .map(|e| e.to_string())
-                .collect::<Vec<_>>()
-                .join("; ");
             return Err(Failure {
-                reason: "ApplyFailed",
-                message,
+                error: ReconcileError::Apply(errors),
                 status: valid.status,
             });
         }
@@ -267,14 +265,14 @@ async fn steps(
     if !deleting && !status_deferred {
         status::write(&api, parent, desired, &field_manager)
             .await
-            .map_err(|e| Failure::new("StatusWriteFailed", e.to_string()))?;
+            .map_err(ReconcileError::Status)?;
     }
 
     // 7. Events the plugin asked for.
     for ev in &valid.events {
         let type_ = match ev.type_ {
-            wasmop_guest::wire::EventType::Normal => EventType::Normal,
-            wasmop_guest::wire::EventType::Warning => EventType::Warning,
+            wasmop_contract::wire::EventType::Normal => EventType::Normal,
+            wasmop_contract::wire::EventType::Warning => EventType::Warning,
         };
         publish(shared, parent, type_, &ev.reason, &ev.message);
     }
@@ -312,25 +310,29 @@ async fn timed<T>(
     out
 }
 
+/// Puts the failure on the parent: a Warning Event, and `Ready=False` (unless it is being
+/// deleted) beside the plugin's status if it answered. Hands the error back.
 async fn record_failure(
     shared: &Shared,
     loaded: &Loaded,
     parent: &DynamicObject,
     failure: Failure,
-) {
-    let message = format!("plugin {} failed: {}", loaded.describe(), failure.message);
-    publish(shared, parent, EventType::Warning, failure.reason, &message);
+) -> ReconcileError {
+    let Failure { error, status } = failure;
+    let reason = error.reason();
+    let message = format!("plugin {} failed: {error}", loaded.describe());
+    publish(shared, parent, EventType::Warning, reason, &message);
     if parent.metadata.deletion_timestamp.is_some() {
-        return;
+        return error;
     }
     let ready = Ready {
         ok: false,
-        reason: failure.reason.to_string(),
-        message: truncate(message.clone(), 1024),
+        reason: reason.to_string(),
+        message: truncate(message, 1024),
     };
     let desired = status::desired(
         parent.data.get("status"),
-        failure.status.as_ref(),
+        status.as_ref(),
         parent.metadata.generation,
         &ready,
         &status::now(),
@@ -339,10 +341,11 @@ async fn record_failure(
         .kinds
         .parent
         .api(&shared.client, parent.metadata.namespace.as_deref());
-    let field_manager = format!("wasmop/{}", loaded.plugin.manifest().name);
+    let field_manager = loaded.plugin.manifest().field_manager();
     if let Err(e) = status::write(&api, parent, desired, &field_manager).await {
         tracing::warn!(error = %e, "could not record the failure in the parent's status");
     }
+    error
 }
 
 fn publish(shared: &Shared, parent: &DynamicObject, type_: EventType, reason: &str, message: &str) {
@@ -370,20 +373,20 @@ async fn add_finalizer(
     api: &Api<DynamicObject>,
     parent: &DynamicObject,
     finalizer: &str,
-) -> Result<(), Failure> {
+) -> Result<(), ReconcileError> {
     let mut list = parent.metadata.finalizers.clone().unwrap_or_default();
     list.push(finalizer.to_string());
-    set_finalizers(api, parent, list).await
+    set_finalizers(api, parent, list, finalizer).await
 }
 
 async fn remove_finalizer(
     api: &Api<DynamicObject>,
     parent: &DynamicObject,
     finalizer: &str,
-) -> Result<(), Failure> {
+) -> Result<(), ReconcileError> {
     let mut list = parent.metadata.finalizers.clone().unwrap_or_default();
     list.retain(|f| f != finalizer);
-    set_finalizers(api, parent, list).await
+    set_finalizers(api, parent, list, finalizer).await
 }
 
 // A merge patch carrying the resourceVersion we read is a compare-and-swap: other
@@ -392,7 +395,8 @@ async fn set_finalizers(
     api: &Api<DynamicObject>,
     parent: &DynamicObject,
     list: Vec<String>,
-) -> Result<(), Failure> {
+    finalizer: &str,
+) -> Result<(), ReconcileError> {
     let patch = json!({"metadata": {
         "resourceVersion": parent.metadata.resource_version,
         "finalizers": list,
@@ -401,33 +405,33 @@ async fn set_finalizers(
     api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .map(|_| ())
-        .map_err(|e| Failure::new("FinalizerUpdateFailed", e.to_string()))
+        .map_err(|source| ReconcileError::Finalizer {
+            finalizer: finalizer.to_owned(),
+            source,
+        })
 }
 
 /// Parses what `related` returned, checking each kind was declared.
 fn parse_selectors(
     kinds: &Kinds,
     selectors: &[RelatedSelector],
-) -> Result<Vec<(usize, Selector)>, Failure> {
+) -> Result<Vec<(usize, Selector)>, ReconcileError> {
     let mut parsed = Vec::with_capacity(selectors.len());
     for sel in selectors {
         let idx = kinds.related.iter().position(|(k, _)| k.kind == sel.kind);
-        match (idx, Selector::try_from(sel.selector.clone())) {
+        match (idx, Selector::try_from(sel.label_selector.clone())) {
             (Some(i), Ok(s)) => parsed.push((i, s)),
             (None, _) => {
-                return Err(Failure::new(
-                    "InvalidRelatedSelector",
-                    format!(
-                        "related() returned a selector for undeclared kind {}/{}",
-                        sel.kind.api_version, sel.kind.kind
-                    ),
-                ));
+                return Err(ReconcileError::InvalidSelector(format!(
+                    "a selector for undeclared kind {}",
+                    sel.kind
+                )));
             }
             (_, Err(e)) => {
-                return Err(Failure::new(
-                    "InvalidRelatedSelector",
-                    format!("related(): {e}"),
-                ));
+                return Err(ReconcileError::InvalidSelector(format!(
+                    "a selector for {} that does not parse: {e}",
+                    sel.kind
+                )));
             }
         }
     }

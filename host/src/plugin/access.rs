@@ -155,13 +155,32 @@ pub fn needs_of(kinds: &Kinds) -> Vec<Need> {
     needs(&(&kinds.parent).into(), &children, &related)
 }
 
+/// Permissions the host lacks for a plugin, all of them, in one message that says how to grant
+/// them.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{} lacks permissions this plugin needs {}: it may not {}; grant them with \
+     `wasmop rbac <plugin.wasm> | kubectl apply -f -`",
+    .who.as_deref().map_or("the host".to_string(), |u| format!("the host ({u})")),
+    .namespace.as_deref().map_or("in all namespaces".to_string(), |ns| format!("in namespace {ns}")),
+    .missing.join("; ")
+)]
+pub struct Missing {
+    /// The user the host authenticates as, when it could be found out.
+    pub who: Option<String>,
+    /// The one namespace checked, or `None` for all namespaces.
+    pub namespace: Option<String>,
+    /// `verb, verb resource` per resource.
+    pub missing: Vec<String>,
+}
+
 /// Asks the API server whether the host may do everything [`needs_of`] lists: cluster-wide, or
 /// in `namespace` for namespaced kinds when the host watches only that one
-/// (`--watch-namespace`). Returns one message naming every missing permission.
+/// (`--watch-namespace`). Every missing permission is in the error.
 ///
 /// A review that cannot be sent is logged and counted as allowed: the check is there to explain
 /// failures early, and an API hiccup should not fail a plugin that may well be permitted.
-pub async fn check(client: &Client, kinds: &Kinds, namespace: Option<&str>) -> Result<(), String> {
+pub async fn check(client: &Client, kinds: &Kinds, namespace: Option<&str>) -> Result<(), Missing> {
     let needs = needs_of(kinds);
     let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
     // Owned futures, a handful at a time: a plugin has a few kinds, so a few round trips.
@@ -188,23 +207,14 @@ pub async fn check(client: &Client, kinds: &Kinds, namespace: Option<&str>) -> R
     if missing.is_empty() {
         return Ok(());
     }
-    let list: Vec<String> = missing
-        .iter()
-        .map(|(i, verbs)| format!("{} {}", verbs.join(", "), needs[*i].display()))
-        .collect();
-    let who = match whoami(client).await {
-        Some(user) => format!("the host ({user})"),
-        None => "the host".to_string(),
-    };
-    let scope = match namespace {
-        Some(ns) => format!("in namespace {ns}"),
-        None => "in all namespaces".to_string(),
-    };
-    Err(format!(
-        "{who} lacks permissions this plugin needs {scope}: it may not {}; grant them with \
-         `wasmop rbac <plugin.wasm> | kubectl apply -f -`",
-        list.join("; ")
-    ))
+    Err(Missing {
+        who: whoami(client).await,
+        namespace: namespace.map(str::to_string),
+        missing: missing
+            .iter()
+            .map(|(i, verbs)| format!("{} {}", verbs.join(", "), needs[*i].display()))
+            .collect(),
+    })
 }
 
 /// One SelfSubjectAccessReview; `true` when allowed or when the review itself failed.
@@ -250,6 +260,30 @@ async fn whoami(client: &Client) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn missing_permissions_say_who_where_and_how_to_grant() {
+        let m = Missing {
+            who: Some("system:serviceaccount:wasmop-system:wasmop".into()),
+            namespace: None,
+            missing: vec!["create, patch apps/deployments".into(), "list pods".into()],
+        };
+        assert_eq!(
+            m.to_string(),
+            "the host (system:serviceaccount:wasmop-system:wasmop) lacks permissions this plugin \
+             needs in all namespaces: it may not create, patch apps/deployments; list pods; grant \
+             them with `wasmop rbac <plugin.wasm> | kubectl apply -f -`"
+        );
+        let m = Missing {
+            who: None,
+            namespace: Some("team-a".into()),
+            ..m
+        };
+        assert!(
+            m.to_string()
+                .starts_with("the host lacks permissions this plugin needs in namespace team-a:")
+        );
+    }
 
     fn res(group: &str, plural: &str) -> Resource {
         Resource {

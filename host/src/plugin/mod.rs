@@ -1,10 +1,12 @@
 //! Plugins from ConfigMaps: read the bytes ([`source`]), compile and check them in the
-//! sandbox, check the host may do what it needs ([`access`]), and keep one controller running
-//! per good plugin ([`registry`]).
+//! sandbox and check the host may do what they need ([`load`], [`access`]), and follow the
+//! ConfigMaps, handing every good version to whoever runs controllers ([`registry`]).
 
 pub mod access;
+pub mod load;
 pub mod registry;
 pub mod source;
 
-pub use registry::{Registry, State, Status};
+pub use load::{LoadError, Loaded, Loader};
+pub use registry::{Activation, Registry, State, Status, Supervise};
 pub use source::{PLUGIN_LABEL, PluginSource};

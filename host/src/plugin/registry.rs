@@ -1,46 +1,43 @@
-//! The registry of loaded plugins: it follows the plugin ConfigMaps and keeps one controller
-//! per good plugin.
+//! The registry of plugins: it follows the plugin ConfigMaps, loads each version in the
+//! background ([`super::load`]), and hands every good one to a [`Supervise`] implementation
+//! (the controller stage's supervisor) that runs it.
 //!
-//! Every ConfigMap change is loaded in the background: read, compile (cached by digest), probe
-//! the manifest, resolve its kinds, check the host may do what the plugin needs on them. Only
-//! a plugin that passes all of it replaces the running version, atomically; a bad one leaves
-//! the last good version running and says why in a Warning Event on its ConfigMap and in the
-//! log. Plugin states are visible with `kubectl describe configmap <plugin>` (Events `Loaded`
-//! for a first load, `Swapped` for any replacement, `LoadFailed`, `WaitingForKinds`,
-//! `Forbidden`). Each state change is an Event of its own whose note names the version now
-//! running and the one it replaced; none is folded into an earlier one.
+//! Only a version that passes every check replaces the running one; a bad one leaves the last
+//! good version running and says why in a Warning Event on its ConfigMap and in the log.
+//! Plugin states are visible with `kubectl describe configmap <plugin>` (Events `Loaded` for a
+//! first load, `Swapped` for any replacement, `LoadFailed`, `WaitingForKinds`, `Forbidden`).
+//! Each state change is an Event of its own whose note names the version now running and the
+//! one it replaced; none is folded into an earlier one.
 //!
 //! Deleting a ConfigMap stops its controller and leaves the children in place: they belong to
 //! their parents, not to the plugin.
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::StreamExt;
+use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference};
 use kube::api::Api;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
 use tokio::sync::mpsc;
 
+use super::load::{LoadError, Loaded, Loader};
 use super::source::{self, PLUGIN_LABEL, PluginSource};
-use crate::config;
-use crate::controller::{self, ControllerHandle, Loaded};
-use crate::kinds::{self, ResolveError};
-use crate::sandbox::{Limits, Sandbox};
+use crate::kinds::Kinds;
+use crate::sandbox::Limits;
 use crate::telemetry::events::Events;
 use crate::telemetry::metrics;
 use crate::telemetry::metrics::{ConfigMapLabels, InfoLabels, LoadLabels};
-use crate::watch::Hub;
 
 /// What the registry knows about one plugin ConfigMap.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum State {
     /// Being read or compiled.
     Loading,
-    /// Loaded, but some of its kinds are not served yet (a CRD is missing).
+    /// Loaded, but not servable yet (a CRD is missing, or RBAC); checked again on a timer.
     Waiting(String),
     /// Reconciling.
     Running,
@@ -59,53 +56,60 @@ pub struct Status {
     pub state: State,
 }
 
-/// Shared by the registry's tasks.
-struct Env {
-    client: Client,
-    namespace: String,
-    hub: Hub,
-    // Permissions are checked in this namespace only when the host watches only it.
-    watch_namespace: Option<String>,
-    sandbox: Sandbox,
-    defaults: Limits,
-    config: controller::Config,
-    // Events on parents, folded into series by kube-runtime.
-    recorder: Recorder,
-    // Events on plugin ConfigMaps: one per state change, never folded.
-    notices: Events,
+/// How a version was put to work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// No version of this plugin ran: its controller started.
+    Started,
+    /// Swapped into the running controller (same kinds): nothing restarted.
+    Swapped,
+    /// Its kinds differ from the running version's: the controller restarted for it.
+    Restarted,
+}
+
+/// Runs the plugins the registry loads: one controller each. Implemented by the controller
+/// stage, so loading never reaches into reconciling.
+pub trait Supervise: Send {
+    /// Runs `loaded` for `configmap`, replacing what runs for it, if anything.
+    fn run(&mut self, configmap: &str, loaded: Loaded, kinds: Kinds) -> BoxFuture<'_, Activation>;
+    /// Stops what runs for `configmap`, after its reconciles in flight.
+    fn stop<'a>(&'a mut self, configmap: &'a str) -> BoxFuture<'a, ()>;
+    /// Whether the caches of what runs for `configmap` are synced (`true` if nothing runs).
+    fn is_synced(&self, configmap: &str) -> bool;
+}
+
+/// The version that runs for a ConfigMap.
+struct Running {
+    loaded: Loaded,
 }
 
 struct Slot {
+    configmap: ConfigMap,
     // The newest source seen; load results for older ones are dropped.
     latest: Option<PluginSource>,
-    running: Option<(Loaded, PluginSource, ControllerHandle)>,
+    // State of the newest version.
     state: State,
-    configmap: ConfigMap,
+    running: Option<Running>,
 }
 
 enum Msg {
     Loaded {
         configmap: String,
         digest: String,
-        result: Box<Result<(Loaded, kinds::Kinds), LoadError>>,
+        result: Box<Result<(Loaded, Kinds), LoadError>>,
     },
     Retry(String),
 }
 
-#[derive(Debug)]
-enum LoadError {
-    Bad(String),
-    // Not loadable yet; checked again after `retry` (a CRD to install, RBAC to grant).
-    Waiting {
-        reason: &'static str,
-        message: String,
-        retry: Duration,
-    },
-}
-
 /// Follows the plugin ConfigMaps of one namespace.
 pub struct Registry {
-    env: Arc<Env>,
+    client: Client,
+    namespace: String,
+    defaults: Limits,
+    loader: Arc<Loader>,
+    supervisor: Box<dyn Supervise>,
+    // Events on plugin ConfigMaps: one per state change, never folded.
+    notices: Events,
     slots: HashMap<String, Slot>,
     tx: mpsc::UnboundedSender<Msg>,
     rx: mpsc::UnboundedReceiver<Msg>,
@@ -116,29 +120,24 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// A registry for the plugin ConfigMaps in `namespace`.
+    /// A registry for the plugin ConfigMaps in `namespace`, loading with `loader` (limits
+    /// `defaults` where a ConfigMap sets none) and running through `supervisor`.
     pub fn new(
         client: Client,
         namespace: String,
-        watch_namespace: Option<String>,
-        sandbox: Sandbox,
         defaults: Limits,
-        config: controller::Config,
+        loader: Loader,
+        supervisor: Box<dyn Supervise>,
         reporter: Reporter,
     ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         Registry {
-            env: Arc::new(Env {
-                hub: Hub::new(client.clone(), watch_namespace.clone()),
-                recorder: Recorder::new(client.clone(), reporter.clone()),
-                notices: Events::distinct(client.clone(), reporter),
-                watch_namespace,
-                client,
-                namespace,
-                sandbox,
-                defaults,
-                config,
-            }),
+            notices: Events::distinct(client.clone(), reporter),
+            client,
+            namespace,
+            defaults,
+            loader: Arc::new(loader),
+            supervisor,
             slots: HashMap::new(),
             tx,
             rx,
@@ -161,14 +160,14 @@ impl Registry {
 
     /// Runs until `shutdown` resolves, then stops every controller gracefully.
     pub async fn run(mut self, shutdown: impl std::future::Future<Output = ()>) {
-        let api: Api<ConfigMap> = Api::namespaced(self.env.client.clone(), &self.env.namespace);
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
         let config = watcher::Config::default().labels(PLUGIN_LABEL);
         let mut events = std::pin::pin!(watcher(api, config).default_backoff());
         let mut shutdown = std::pin::pin!(shutdown);
         let mut relisted: Option<Vec<String>> = None;
         // Controllers sync on their own time: look again now and then.
         let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
-        tracing::info!(namespace = %self.env.namespace, "watching plugin ConfigMaps labelled {PLUGIN_LABEL}");
+        tracing::info!(namespace = %self.namespace, "watching plugin ConfigMaps labelled {PLUGIN_LABEL}");
         loop {
             tokio::select! {
                 _ = &mut shutdown => break,
@@ -180,7 +179,7 @@ impl Registry {
                         if let Some(seen) = relisted.as_mut() {
                             seen.push(cm.metadata.name.clone().unwrap_or_default());
                         }
-                        self.on_apply(cm).await;
+                        self.on_apply(cm);
                     }
                     Some(Ok(watcher::Event::InitDone)) => {
                         let seen = relisted.take().unwrap_or_default();
@@ -190,7 +189,7 @@ impl Registry {
                         }
                         self.listed = true;
                     }
-                    Some(Ok(watcher::Event::Apply(cm))) => self.on_apply(cm).await,
+                    Some(Ok(watcher::Event::Apply(cm))) => self.on_apply(cm),
                     Some(Ok(watcher::Event::Delete(cm))) => {
                         self.on_delete(cm.metadata.name.as_deref().unwrap_or_default()).await
                     }
@@ -201,27 +200,26 @@ impl Registry {
             self.publish_status();
         }
         tracing::info!("stopping plugin controllers");
-        for (_, slot) in self.slots.drain() {
-            if let Some((_, _, handle)) = slot.running {
-                handle.stop().await;
-            }
+        let names: Vec<String> = self.slots.keys().cloned().collect();
+        for name in names {
+            self.supervisor.stop(&name).await;
         }
     }
 
-    async fn on_apply(&mut self, cm: ConfigMap) {
+    fn on_apply(&mut self, cm: ConfigMap) {
         let name = cm.metadata.name.clone().unwrap_or_default();
-        let source = source::read(&cm, &self.env.defaults);
+        let source = source::read(&cm, &self.defaults);
         let slot = self.slots.entry(name.clone()).or_insert_with(|| Slot {
-            latest: None,
-            running: None,
-            state: State::Loading,
             configmap: cm.clone(),
+            latest: None,
+            state: State::Loading,
+            running: None,
         });
         slot.configmap = cm;
         let source = match source {
             Ok(s) => s,
             Err(e) => {
-                let msg = format!("ConfigMap {}/{name}: {e}", self.env.namespace);
+                let msg = format!("ConfigMap {}/{name}: {e}", self.namespace);
                 tracing::warn!(configmap = %name, error = %e, "invalid plugin ConfigMap; the running version, if any, stays");
                 count_load(&name, "failure");
                 slot.state = State::Failed(msg.clone());
@@ -230,8 +228,7 @@ impl Registry {
                 return;
             }
         };
-        let unchanged = |s: &Option<PluginSource>| s.as_ref().is_some_and(|l| l.same_as(&source));
-        if unchanged(&slot.latest) {
+        if slot.latest.as_ref().is_some_and(|l| l.same_as(&source)) {
             return;
         }
         tracing::info!(configmap = %name, digest = %source.digest, bytes = source.wasm.len(), "loading plugin");
@@ -241,11 +238,11 @@ impl Registry {
     }
 
     fn start_load(&self, configmap: String, source: PluginSource) {
-        let env = self.env.clone();
+        let loader = self.loader.clone();
         let tx = self.tx.clone();
         tokio::spawn(async move {
             let digest = source.digest.clone();
-            let result = load(&env, source).await;
+            let result = loader.load(source).await;
             let _ = tx.send(Msg::Loaded {
                 configmap,
                 digest,
@@ -274,54 +271,54 @@ impl Registry {
                 }
                 match *result {
                     Ok((loaded, kinds)) => self.activate(&configmap, loaded, kinds).await,
-                    Err(LoadError::Waiting {
-                        reason,
-                        message,
-                        retry,
-                    }) => {
-                        let cm = slot.configmap.clone();
-                        let msg = format!("{message}; checking again every {}s", retry.as_secs());
-                        // One Event per distinct wait, not one per retry.
-                        let first = slot.state != State::Waiting(msg.clone());
-                        if let Some(slot) = self.slots.get_mut(&configmap) {
-                            slot.state = State::Waiting(msg.clone());
-                        }
-                        if first {
-                            tracing::warn!(configmap = %configmap, "{msg}");
-                            self.event(&cm, EventType::Warning, reason, &msg);
-                        }
-                        let tx = self.tx.clone();
-                        tokio::spawn(async move {
-                            tokio::time::sleep(retry).await;
-                            let _ = tx.send(Msg::Retry(configmap));
-                        });
-                    }
-                    Err(LoadError::Bad(why)) => {
-                        let cm = slot.configmap.clone();
-                        let keeps = slot.running.as_ref().map(|(l, _, _)| l.describe());
-                        let msg = match &keeps {
-                            Some(old) => format!("{why}; still running {old}"),
-                            None => why.clone(),
-                        };
-                        tracing::error!(configmap = %configmap, error = %msg, "plugin failed to load");
-                        count_load(&configmap, "failure");
-                        if let Some(slot) = self.slots.get_mut(&configmap) {
-                            slot.state = State::Failed(msg.clone());
-                        }
-                        self.event(&cm, EventType::Warning, "LoadFailed", &msg);
-                    }
+                    Err(e) => self.on_load_error(&configmap, e),
                 }
             }
         }
     }
 
-    async fn activate(&mut self, configmap: &str, loaded: Loaded, mut kinds: kinds::Kinds) {
-        let name = loaded.plugin.manifest().name.clone();
+    fn on_load_error(&mut self, configmap: &str, error: LoadError) {
+        let Some(slot) = self.slots.get_mut(configmap) else {
+            return;
+        };
+        let cm = slot.configmap.clone();
+        match error.retry_after() {
+            Some(retry) => {
+                let msg = format!("{error}; checking again every {}s", retry.as_secs());
+                // One Event per distinct wait, not one per retry.
+                let first = slot.state != State::Waiting(msg.clone());
+                slot.state = State::Waiting(msg.clone());
+                if first {
+                    tracing::warn!(configmap, "{msg}");
+                    self.event(&cm, EventType::Warning, error.reason(), &msg);
+                }
+                let tx = self.tx.clone();
+                let configmap = configmap.to_string();
+                tokio::spawn(async move {
+                    tokio::time::sleep(retry).await;
+                    let _ = tx.send(Msg::Retry(configmap));
+                });
+            }
+            None => {
+                let msg = match &slot.running {
+                    Some(r) => format!("{error}; still running {}", r.loaded.describe()),
+                    None => error.to_string(),
+                };
+                tracing::error!(configmap, error = %msg, "plugin failed to load");
+                count_load(configmap, "failure");
+                slot.state = State::Failed(msg.clone());
+                self.event(&cm, EventType::Warning, error.reason(), &msg);
+            }
+        }
+    }
+
+    async fn activate(&mut self, configmap: &str, loaded: Loaded, kinds: Kinds) {
+        let name = &loaded.plugin.manifest().name;
         let clash = self.slots.iter().find(|(cm, s)| {
             cm.as_str() != configmap
                 && s.running
                     .as_ref()
-                    .is_some_and(|(l, _, _)| l.plugin.manifest().name == name)
+                    .is_some_and(|r| &r.loaded.plugin.manifest().name == name)
         });
         if let Some((other, _)) = clash {
             let msg = format!(
@@ -335,58 +332,44 @@ impl Registry {
             return;
         }
 
-        let env = self.env.clone();
+        let activation = self.supervisor.run(configmap, loaded.clone(), kinds).await;
         let slot = self.slots.get_mut(configmap).expect("slot exists");
-        let source = slot.latest.clone().expect("a loaded plugin has a source");
+        let previous = slot.running.replace(Running {
+            loaded: loaded.clone(),
+        });
+        slot.state = State::Running;
         let cm = slot.configmap.clone();
         // Any replacement is `Swapped`, naming both versions; only a first load is `Loaded`.
-        let (reason, msg) = match slot.running.take() {
-            Some((old, _, handle)) if handle.kinds().same_watches(&kinds) => {
-                let msg = format!(
-                    "swapped in {}, replacing {}",
-                    loaded.describe(),
-                    old.describe()
-                );
-                set_info(configmap, Some(&old), None);
-                handle.swap(loaded.clone());
-                slot.running = Some((loaded, source, handle));
-                ("Swapped", msg)
-            }
-            Some((old, _, handle)) => {
-                // Different kinds: a clean restart of the controller, which still prunes
-                // children of the kinds this version dropped.
-                kinds.retire_from(handle.kinds());
-                handle.stop().await;
-                let msg = format!(
+        let (reason, msg) = match (&previous, activation) {
+            (Some(old), Activation::Restarted) => (
+                "Swapped",
+                format!(
                     "swapped in {}, replacing {}; its kinds changed, so its controller restarted",
                     loaded.describe(),
-                    old.describe()
-                );
-                set_info(configmap, Some(&old), None);
-                let handle = env.spawn_controller(kinds, loaded.clone());
-                slot.running = Some((loaded, source, handle));
-                ("Swapped", msg)
-            }
-            None => {
-                let msg = format!("loaded {}", loaded.describe());
-                let handle = env.spawn_controller(kinds, loaded.clone());
-                slot.running = Some((loaded, source, handle));
-                ("Loaded", msg)
-            }
+                    old.loaded.describe()
+                ),
+            ),
+            (Some(old), _) => (
+                "Swapped",
+                format!(
+                    "swapped in {}, replacing {}",
+                    loaded.describe(),
+                    old.loaded.describe()
+                ),
+            ),
+            (None, _) => ("Loaded", format!("loaded {}", loaded.describe())),
         };
         count_load(configmap, "success");
-        if reason == "Swapped" {
+        if let Some(old) = &previous {
             metrics()
                 .plugin_swaps
                 .get_or_create(&ConfigMapLabels {
                     configmap: configmap.to_string(),
                 })
                 .inc();
+            set_info(configmap, Some(&old.loaded), None);
         }
-        slot.state = State::Running;
-        if let Some((loaded, _, _)) = &slot.running {
-            set_info(configmap, None, Some(loaded));
-        }
+        set_info(configmap, None, Some(&loaded));
         tracing::info!(configmap, "{msg}");
         self.event(&cm, EventType::Normal, reason, &msg);
     }
@@ -395,10 +378,10 @@ impl Registry {
         let Some(slot) = self.slots.remove(configmap) else {
             return;
         };
-        if let Some((loaded, _, handle)) = slot.running {
-            set_info(configmap, Some(&loaded), None);
-            handle.stop().await;
-            tracing::info!(configmap, plugin = %loaded.describe(), "plugin ConfigMap deleted; controller stopped, children left in place");
+        if let Some(running) = slot.running {
+            set_info(configmap, Some(&running.loaded), None);
+            self.supervisor.stop(configmap).await;
+            tracing::info!(configmap, plugin = %running.loaded.describe(), "plugin ConfigMap deleted; controller stopped, children left in place");
         }
     }
 
@@ -408,18 +391,16 @@ impl Registry {
             .iter()
             .map(|(cm, s)| Status {
                 configmap: cm.clone(),
-                running: s.running.as_ref().map(|(l, _, _)| l.describe()),
+                running: s.running.as_ref().map(|r| r.loaded.describe()),
                 state: s.state.clone(),
             })
             .collect();
         all.sort_by(|a, b| a.configmap.cmp(&b.configmap));
         let ready = self.listed
-            && self.slots.values().all(|s| {
-                s.state != State::Loading
-                    && s.running
-                        .as_ref()
-                        .is_none_or(|(_, _, handle)| handle.is_synced())
-            });
+            && self
+                .slots
+                .iter()
+                .all(|(cm, s)| s.state != State::Loading && self.supervisor.is_synced(cm));
         self.ready
             .send_if_modified(|old| std::mem::replace(old, ready) != ready);
         self.status.send_if_modified(|old| {
@@ -445,20 +426,7 @@ impl Registry {
             action: "LoadPlugin".into(),
             secondary: None,
         };
-        self.env.notices.record(ev, reference);
-    }
-}
-
-impl Env {
-    fn spawn_controller(&self, kinds: kinds::Kinds, loaded: Loaded) -> ControllerHandle {
-        controller::spawn(
-            self.client.clone(),
-            &self.hub,
-            self.recorder.clone(),
-            kinds,
-            loaded,
-            self.config.clone(),
-        )
+        self.notices.record(ev, reference);
     }
 }
 
@@ -486,37 +454,4 @@ fn set_info(configmap: &str, old: Option<&Loaded>, new: Option<&Loaded>) {
     if let Some(new) = new {
         metrics().plugin_info.get_or_create(&labels(new)).set(1);
     }
-}
-
-async fn load(env: &Env, source: PluginSource) -> Result<(Loaded, kinds::Kinds), LoadError> {
-    let plugin = env
-        .sandbox
-        .load(source.wasm.clone(), source.limits)
-        .await
-        .map_err(|e| LoadError::Bad(e.to_string()))?;
-    let kinds = match kinds::resolve(&env.client, plugin.manifest()).await {
-        Ok(k) => k,
-        Err(ResolveError::Missing(m)) => {
-            return Err(LoadError::Waiting {
-                reason: "WaitingForKinds",
-                message: format!("waiting for kinds to be served: {}", m.join(", ")),
-                retry: config::KIND_RETRY,
-            });
-        }
-        Err(e) => return Err(LoadError::Bad(e.to_string())),
-    };
-    // Refused here, one clear message, rather than Forbidden on every watch and write.
-    super::access::check(&env.client, &kinds, env.watch_namespace.as_deref())
-        .await
-        .map_err(|message| LoadError::Waiting {
-            reason: "Forbidden",
-            message,
-            retry: config::ACCESS_RETRY,
-        })?;
-    let loaded = Loaded {
-        plugin,
-        settings: Arc::new(source.settings.clone()),
-        resync: source.resync.unwrap_or(env.config.resync),
-    };
-    Ok((loaded, kinds))
 }

@@ -10,7 +10,7 @@
 //! 3. link them against the `wasmop:plugin@0.1.0` world (`bindings.rs`) and pre-instantiate;
 //! 4. probe: instantiate once and call `manifest`, so a wrong interface fails at load, not on
 //!    the first reconcile;
-//! 5. validate the manifest (`manifest.rs`).
+//! 5. validate the manifest (`wasmop_contract::Manifest::validate`).
 //!
 //! Every call then runs in a fresh store and instance (`invoke.rs`) with the plugin's
 //! [`Limits`]: a deadline, a memory cap and a response-size cap. A call that fails, however
@@ -18,7 +18,7 @@
 //! each with a reason string for Events.
 //!
 //! ```no_run
-//! # async fn demo(wasm: Vec<u8>, req: wasmop_guest::wire::WireRequest) -> anyhow::Result<()> {
+//! # async fn demo(wasm: Vec<u8>, req: wasmop_contract::wire::WireRequest) -> anyhow::Result<()> {
 //! use wasmop::sandbox::{Limits, Sandbox, SandboxConfig};
 //!
 //! let sandbox = Sandbox::new(SandboxConfig::default())?;
@@ -47,10 +47,6 @@ use wasmtime::component::{HasSelf, Linker};
 
 pub use error::{Call, PluginError, PluginErrorKind, SandboxError, UNKNOWN_PLUGIN};
 pub use limits::{Limits, MEMORY_CEILING};
-pub use manifest::{
-    KindRef, Manifest, ManifestError, RelatedKind, RelatedSelector, is_dns1123_label,
-    is_dns1123_subdomain,
-};
 pub use plugin::Plugin;
 
 use bindings::{Plugin as Bindings, PluginPre};
@@ -203,7 +199,7 @@ impl Sandbox {
             .run(|bindings, store| bindings.wasmop_plugin_reconciler().call_manifest(store))
             .map_err(fail)?
         };
-        let manifest = Manifest::from(manifest);
+        let manifest = manifest::from_wit(manifest);
         if let Err(e) = manifest.validate() {
             // The name is known now, even if it is itself what is wrong.
             let name = if manifest.name.is_empty() {

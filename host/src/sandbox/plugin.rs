@@ -10,14 +10,15 @@ use std::sync::Arc;
 
 use serde_json::Value;
 use tokio::sync::Semaphore;
-use wasmop_guest::wire::{WireRequest, WireResponse};
+use wasmop_contract::wire::{WireRequest, WireResponse};
+use wasmop_contract::{Manifest, RelatedSelector};
 use wasmtime::Engine;
 
 use super::bindings::PluginPre;
 use super::error::{Call, PluginError, PluginErrorKind};
 use super::invoke::{CallState, Invocation};
 use super::limits::Limits;
-use super::manifest::{Manifest, RelatedSelector, SelectorProblem};
+use super::manifest::{SelectorProblem, selector_from_wit};
 use crate::text::truncate;
 
 /// Longest guest error message kept in a [`PluginErrorKind::PluginFailed`].
@@ -192,7 +193,7 @@ impl Plugin {
         self.check_size(call, size)?;
         wire.into_iter()
             .map(|s| {
-                RelatedSelector::from_wit(&self.inner.manifest, s).map_err(|p| {
+                selector_from_wit(&self.inner.manifest, s).map_err(|p| {
                     self.error(match p {
                         SelectorProblem::Json(detail) => {
                             PluginErrorKind::InvalidJson { call, detail }

@@ -1,8 +1,9 @@
 //! Builds what the contestants run: the Go operator (`go build`, cached by Go), the host and
-//! the native controller (`cargo build --release`), and the plugins (`wasm32-wasip2`).
+//! the native controller (`cargo build --release`), and the bench plugin (`wasm32-wasip2`) once
+//! per kind. The Memcached plugins come from `test-artifacts`, built with this binary.
 //!
-//! Everything lands under `target/bench/`. The wasm builds use `target/wasm-test`, the
-//! directory the host's tests build the same plugins in, so either run reuses the other's.
+//! Outputs land under `target/bench/`. The bench plugin builds in `target/wasm-test`, the
+//! directory `test-artifacts` builds its guests in, so they share the dependencies' builds.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -78,36 +79,23 @@ pub fn build(kinds: &[Kind]) -> Result<Artifacts> {
         .args(["-p", "wasmop", "-p", "bench-native"]))?;
     let release = target_dir().join("release");
 
-    note!("building the plugins");
     let wasm_target = target_dir().join("wasm-test");
-    let wasm = |args: &[&str], kind: Option<&str>| -> Result<()> {
-        let mut cmd = Command::new(cargo());
-        cmd.current_dir(root())
-            .args([
-                "build",
-                "--release",
-                "--target",
-                "wasm32-wasip2",
-                "--target-dir",
-            ])
+    let wasm_out = wasm_target.join("wasm32-wasip2/release");
+    let mut kind_plugins = Vec::new();
+    if !kinds.is_empty() {
+        note!("building the bench plugin for {} kinds", kinds.len());
+    }
+    for kind in kinds {
+        run(Command::new(cargo())
+            .current_dir(root())
+            .args(["build", "-q", "--release", "--target", "wasm32-wasip2"])
+            .arg("--target-dir")
             .arg(&wasm_target)
-            .args(args)
+            .args(["-p", "bench-plugin"])
+            .env("BENCH_PLUGIN_KIND", kind.flag())
             // The repository's .cargo/config.toml decides guest flags.
             .env_remove("RUSTFLAGS")
-            .env_remove("CARGO_ENCODED_RUSTFLAGS");
-        match kind {
-            Some(k) => cmd.env("BENCH_PLUGIN_KIND", k),
-            None => cmd.env_remove("BENCH_PLUGIN_KIND"),
-        };
-        run(&mut cmd)
-    };
-    let wasm_out = wasm_target.join("wasm32-wasip2/release");
-    wasm(&["-q", "-p", "memcached", "-p", "memcached-v2"], None)?;
-    let memcached = copy(&wasm_out.join("memcached.wasm"), &out.join("plugins"))?;
-    let memcached_v2 = copy(&wasm_out.join("memcached_v2.wasm"), &out.join("plugins"))?;
-    let mut kind_plugins = Vec::new();
-    for kind in kinds {
-        wasm(&["-q", "-p", "bench-plugin"], Some(&kind.flag()))?;
+            .env_remove("CARGO_ENCODED_RUSTFLAGS"))?;
         let dest = out
             .join("plugins")
             .join(format!("{}.wasm", kind.plugin_name()));
@@ -120,16 +108,10 @@ pub fn build(kinds: &[Kind]) -> Result<Artifacts> {
         go,
         native: release.join("native-memcached"),
         wasmop: release.join("wasmop"),
-        memcached,
-        memcached_v2,
+        memcached: test_artifacts::MEMCACHED.into(),
+        memcached_v2: test_artifacts::MEMCACHED_V2.into(),
         kind_plugins,
     })
-}
-
-fn copy(from: &Path, dir: &Path) -> Result<PathBuf> {
-    let dest = dir.join(from.file_name().expect("a file"));
-    std::fs::copy(from, &dest).with_context(|| format!("copying {}", from.display()))?;
-    Ok(dest)
 }
 
 fn run(cmd: &mut Command) -> Result<()> {

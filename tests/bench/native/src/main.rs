@@ -37,7 +37,7 @@ use kube::{Client, Resource, ResourceExt};
 use memcached::MemcachedPlugin;
 use serde_json::{Map, Value, json};
 use tokio::time::Instant;
-use wasmop_guest::wire::{WireRequest, kind_key};
+use wasmop_contract::wire::{WireRequest, kind_key};
 
 /// The field manager of every write.
 const MANAGER: &str = "native-memcached";

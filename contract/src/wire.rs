@@ -1,12 +1,14 @@
 //! The JSON shapes that cross the plugin boundary, shared by the guest SDK and the host.
 //!
 //! Objects stay `serde_json::Value` here: the host never needs to understand a child's schema,
-//! and the SDK offers typed views on top (see [`crate::Request`]).
+//! and the SDK offers typed views on top (`wasmop_guest::Request`).
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+use crate::Scope;
 
 /// Objects of one kind, by name (by `namespace/name` when the parent is cluster-scoped).
 pub type ByName = BTreeMap<String, Value>;
@@ -15,6 +17,17 @@ pub type ByName = BTreeMap<String, Value>;
 /// `Kind.apiVersion`, e.g. `Deployment.apps/v1` or `Pod.v1` (Metacontroller's convention).
 pub fn kind_key(api_version: &str, kind: &str) -> String {
     format!("{kind}.{api_version}")
+}
+
+/// The key of an object within its kind's [`ByName`] map: its name, or `namespace/name` for a
+/// namespaced object under a cluster-scoped parent.
+pub fn object_key(obj: &Value, parent_scope: Scope) -> String {
+    let field = |ptr| obj.pointer(ptr).and_then(Value::as_str);
+    let name = field("/metadata/name").unwrap_or_default();
+    match (parent_scope, field("/metadata/namespace")) {
+        (Scope::Cluster, Some(ns)) if !ns.is_empty() => format!("{ns}/{name}"),
+        _ => name.to_owned(),
+    }
 }
 
 /// What the host sends to `reconcile`.
@@ -79,4 +92,35 @@ pub enum EventType {
     Normal,
     /// Something needs attention.
     Warning,
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn objects_are_keyed_by_name_or_namespace_and_name_under_a_cluster_parent() {
+        let pod = json!({"metadata": {"name": "p", "namespace": "ns"}});
+        let node = json!({"metadata": {"name": "n"}});
+        assert_eq!(object_key(&pod, Scope::Namespaced), "p");
+        assert_eq!(object_key(&pod, Scope::Cluster), "ns/p");
+        assert_eq!(object_key(&node, Scope::Cluster), "n");
+        assert_eq!(kind_key("apps/v1", "Deployment"), "Deployment.apps/v1");
+    }
+
+    #[test]
+    fn a_parent_is_namespaced_when_it_has_a_namespace() {
+        let scope = |v| Scope::of_object(&v);
+        assert_eq!(
+            scope(json!({"metadata": {"namespace": "a"}})),
+            Scope::Namespaced
+        );
+        assert_eq!(
+            scope(json!({"metadata": {"namespace": ""}})),
+            Scope::Cluster
+        );
+        assert_eq!(scope(json!({"metadata": {}})), Scope::Cluster);
+    }
 }

@@ -33,11 +33,10 @@ use std::collections::HashMap;
 use std::fmt;
 use std::time::Duration;
 
+use crate::names::{is_dns1123_label, is_dns1123_subdomain};
+use crate::wire::{WireEvent, WireResponse};
+use crate::{KindRef, Manifest, Scope};
 use serde_json::{Map, Value};
-use wasmop_guest::wire::{WireEvent, WireResponse};
-
-use crate::kinds::Scope;
-use crate::sandbox::{KindRef, Manifest, is_dns1123_label, is_dns1123_subdomain};
 
 /// What a response is checked against.
 pub struct Target<'a> {
@@ -421,11 +420,11 @@ fn type_name(v: &Value) -> &'static str {
 
 #[cfg(test)]
 mod tests {
+    use crate::wire::EventType;
     use serde_json::json;
-    use wasmop_guest::wire::EventType;
 
     use super::*;
-    use crate::sandbox::RelatedKind;
+    use crate::RelatedKind;
 
     fn manifest() -> Manifest {
         Manifest {

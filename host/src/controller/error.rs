@@ -1,0 +1,165 @@
+//! Why a reconcile failed, and what the controller does about it.
+//!
+//! [`ReconcileError`] keeps the cause as its `source` and gives the word that goes into the
+//! parent's `Ready` condition and the Warning Event ([`ReconcileError::reason`]). Failures
+//! split in two, as controller-runtime's `TerminalError` does:
+//! - **guest faults** the same plugin would repeat on the same input (a trap, a guest error,
+//!   output that breaks the rules): retrying on a short backoff only burns CPU, so the parent
+//!   waits for a change of its input or of the plugin, with the resync as a safety net;
+//! - everything else (the API server, a conflict, the host, a deadline that a busy host may
+//!   have caused) is retried with backoff.
+
+use std::fmt;
+
+use wasmop_contract::ValidationError;
+
+use crate::apply::ChildError;
+use crate::sandbox::{PluginError, PluginErrorKind};
+use crate::watch::ObjKey;
+
+/// One step of one reconcile failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    /// A call into the plugin failed (`related` or `reconcile`).
+    #[error(transparent)]
+    Plugin(PluginError),
+    /// `related` returned a selector the host cannot use.
+    #[error("related() returned {0}")]
+    InvalidSelector(String),
+    /// The response broke the host's output rules.
+    #[error(transparent)]
+    InvalidOutput(ValidationError),
+    /// Children could not be applied or pruned (every failure, the first as the source).
+    #[error("{}", join(.0))]
+    Apply(Vec<ChildError>),
+    /// The parent's status could not be written.
+    #[error("writing the status: {0}")]
+    Status(#[source] kube::Error),
+    /// The plugin's finalizer could not be added to or removed from the parent.
+    #[error("updating the finalizer {finalizer}: {source}")]
+    Finalizer {
+        /// `wasmop.io/<plugin>`.
+        finalizer: String,
+        /// What the API server said.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+fn join(errors: &[ChildError]) -> String {
+    errors
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+impl ReconcileError {
+    /// A stable UpperCamelCase word for the `Ready` condition, the Event and the metric label.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Plugin(e) => e.reason(),
+            // The same fault as the sandbox's `InvalidOutput`, so the same word.
+            Self::InvalidSelector(_) | Self::InvalidOutput(_) => "InvalidPluginOutput",
+            Self::Apply(_) => "ApplyFailed",
+            Self::Status(_) => "StatusWriteFailed",
+            Self::Finalizer { .. } => "FinalizerUpdateFailed",
+        }
+    }
+
+    /// Whether the plugin would fail the same way on the same input: not worth a quick retry.
+    pub fn is_guest_fault(&self) -> bool {
+        match self {
+            Self::Plugin(e) => match e.kind {
+                PluginErrorKind::Trap { .. }
+                | PluginErrorKind::MemoryCap { .. }
+                | PluginErrorKind::InvalidJson { .. }
+                | PluginErrorKind::InvalidOutput { .. }
+                | PluginErrorKind::ResponseTooLarge { .. }
+                | PluginErrorKind::PluginFailed { .. } => true,
+                // A busy host can make a call slow; the others are load-time faults or ours.
+                PluginErrorKind::DeadlineExceeded { .. }
+                | PluginErrorKind::NotAComponent(_)
+                | PluginErrorKind::WrongInterface(_)
+                | PluginErrorKind::InvalidManifest(_)
+                | PluginErrorKind::Internal(_) => false,
+            },
+            Self::InvalidSelector(_) | Self::InvalidOutput(_) => true,
+            Self::Apply(_) | Self::Status(_) | Self::Finalizer { .. } => false,
+        }
+    }
+}
+
+impl From<PluginError> for ReconcileError {
+    fn from(e: PluginError) -> Self {
+        Self::Plugin(e)
+    }
+}
+
+/// A failed reconcile of one parent.
+#[derive(Debug, thiserror::Error)]
+pub struct Error {
+    /// The parent: namespace (none when cluster-scoped) and name.
+    pub parent: ObjKey,
+    /// What failed (boxed: errors are rare, results are not).
+    #[source]
+    pub error: Box<ReconcileError>,
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.parent {
+            (Some(ns), name) => write!(f, "reconciling {ns}/{name}"),
+            (None, name) => write!(f, "reconciling {name}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::sandbox::Call;
+
+    fn plugin(kind: PluginErrorKind) -> ReconcileError {
+        ReconcileError::Plugin(PluginError {
+            plugin: "p".into(),
+            digest: "sha256:00".into(),
+            kind,
+        })
+    }
+
+    #[test]
+    fn guest_faults_are_told_from_host_and_api_faults() {
+        let trap = plugin(PluginErrorKind::Trap {
+            call: Call::Reconcile,
+            message: "unreachable".into(),
+            guest_message: None,
+        });
+        assert!(trap.is_guest_fault());
+        assert_eq!(trap.reason(), "PluginTrapped");
+        let slow = plugin(PluginErrorKind::DeadlineExceeded {
+            call: Call::Reconcile,
+            limit: Duration::from_secs(1),
+        });
+        assert!(!slow.is_guest_fault(), "a busy host can cause it");
+        let invalid = ReconcileError::InvalidSelector("a selector for v1 Secret".into());
+        assert!(invalid.is_guest_fault());
+        assert_eq!(invalid.reason(), "InvalidPluginOutput");
+        let apply = ReconcileError::Apply(Vec::new());
+        assert!(!apply.is_guest_fault());
+        assert_eq!(apply.reason(), "ApplyFailed");
+    }
+
+    #[test]
+    fn the_error_names_the_parent_and_keeps_the_cause() {
+        let e = Error {
+            parent: (Some("ns".into()), "cache".into()),
+            error: Box::new(ReconcileError::InvalidSelector("nonsense".into())),
+        };
+        assert_eq!(e.to_string(), "reconciling ns/cache");
+        let source = std::error::Error::source(&e).expect("a source").to_string();
+        assert_eq!(source, "related() returned nonsense");
+    }
+}
