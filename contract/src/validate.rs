@@ -138,150 +138,25 @@ pub fn validate(target: &Target, resp: WireResponse) -> Result<Validated, Valida
     let mut warnings = Vec::new();
     let mut seen: HashMap<(String, String, String, String), usize> = HashMap::new();
     let mut children = Vec::with_capacity(resp.children.len());
-
     for (index, mut child) in resp.children.into_iter().enumerate() {
         let mut v = ChildCheck {
             subject: describe(index, &child),
             violations: &mut violations,
             warnings: &mut warnings,
         };
-        let Some(obj) = child.as_object_mut() else {
-            v.refuse("a child must be a JSON object");
-            continue;
-        };
-        let string = |field: &str| obj.get(field).and_then(Value::as_str).unwrap_or_default();
-        let kind = match (string("apiVersion"), string("kind")) {
-            (api_version, kind) if !api_version.is_empty() && !kind.is_empty() => {
-                KindRef::new(api_version, kind)
-            }
-            _ => {
-                v.refuse("apiVersion and kind must be non-empty strings");
-                continue;
-            }
-        };
-        if target.manifest.child_kind(&kind).is_none() {
-            v.refuse(format!(
-                "{kind} is not a child kind of plugin {} (declared: {})",
-                target.manifest.name,
-                list_kinds(&target.manifest.children)
-            ));
-        }
-        if obj.contains_key("status") {
-            obj.remove("status");
-            v.warn("status removed: a child's status belongs to its own controller");
-        }
-        let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) else {
-            v.refuse("metadata must be an object with a name");
-            continue;
-        };
-        let name = meta
-            .get("name")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned();
-        if name.is_empty() {
-            v.refuse(
-                "metadata.name is required (generateName does not work with server-side apply)",
-            );
-        } else if !is_dns1123_subdomain(&name) {
-            v.refuse(format!(
-                "metadata.name {name:?} is not a DNS-1123 subdomain (lower-case letters, digits, '-' and '.', at most 253 characters)"
-            ));
-        }
-        if let Some(refs) = meta.get("ownerReferences") {
-            let empty = refs.is_null() || refs.as_array().is_some_and(Vec::is_empty);
-            if empty {
-                meta.remove("ownerReferences");
-            } else {
-                v.refuse(
-                    "metadata.ownerReferences must be empty: the host sets owner references itself",
-                );
-            }
-        }
-        for field in ["labels", "annotations"] {
-            if let Some(map) = meta.get(field).filter(|m| !m.is_null()) {
-                let strings = map
-                    .as_object()
-                    .is_some_and(|m| m.values().all(Value::is_string));
-                if !strings {
-                    v.refuse(format!("metadata.{field} must be a map of strings"));
-                }
-            }
-        }
-        let stripped: Vec<&str> = SERVER_SET
-            .iter()
-            .copied()
-            .filter(|field| meta.remove(*field).is_some())
-            .collect();
-        if !stripped.is_empty() {
-            v.warn(format!(
-                "server-set metadata removed: {}",
-                stripped.join(", ")
-            ));
-        }
-        let namespace = check_namespace(target, &kind, parent_ns, meta, &mut v);
-
-        if !name.is_empty() {
-            let key = (
-                kind.group().to_owned(),
-                kind.kind.clone(),
-                namespace.unwrap_or_default(),
-                name,
-            );
-            if let Some(first) = seen.get(&key) {
+        if let Some(id) = check_child(target, parent_ns, &mut child, &mut v) {
+            if let Some(first) = seen.get(&id) {
                 v.refuse(format!(
                     "duplicates child #{first} (same group, kind, namespace and name)"
                 ));
             } else {
-                seen.insert(key, index);
+                seen.insert(id, index);
             }
         }
         children.push(child);
     }
-
-    let status = match resp.status {
-        Some(Value::Object(status)) => Some(Value::Object(status)),
-        None => None,
-        Some(other) => {
-            violations.push(Violation {
-                subject: "status".into(),
-                rule: format!("must be an object, not {}", type_name(&other)),
-            });
-            None
-        }
-    };
-
-    let mut events = Vec::with_capacity(resp.events.len());
-    for (index, mut event) in resp.events.into_iter().enumerate() {
-        let subject = format!("event #{index}");
-        if event.reason.trim().is_empty() {
-            violations.push(Violation {
-                subject,
-                rule: "reason must not be empty".into(),
-            });
-            continue;
-        }
-        if event.reason.len() > MAX_REASON {
-            violations.push(Violation {
-                subject,
-                rule: format!("reason must be at most {MAX_REASON} characters"),
-            });
-            continue;
-        }
-        if event.message.len() > MAX_MESSAGE {
-            let mut end = MAX_MESSAGE;
-            while !event.message.is_char_boundary(end) {
-                end -= 1;
-            }
-            event.message.truncate(end);
-            warnings.push(format!(
-                "{subject} ({}): message cut to {MAX_MESSAGE} bytes",
-                event.reason
-            ));
-        }
-        events.push(event);
-    }
-
+    let status = check_status(resp.status, &mut violations);
+    let events = check_events(resp.events, &mut violations, &mut warnings);
     let requeue_after = resp.requeue_after_seconds.map(|secs| {
         if secs == 0 {
             warnings.push("requeueAfterSeconds 0 raised to 1".into());
@@ -364,6 +239,158 @@ fn check_namespace(
             Some(ns) => Some(ns),
         },
     }
+}
+
+/// Checks one child, fixing what may be fixed; returns its identity (group, kind, namespace,
+/// name) for the duplicate check when it has a name.
+fn check_child(
+    target: &Target,
+    parent_ns: Option<&str>,
+    child: &mut Value,
+    v: &mut ChildCheck,
+) -> Option<(String, String, String, String)> {
+    let Some(obj) = child.as_object_mut() else {
+        v.refuse("a child must be a JSON object");
+        return None;
+    };
+    let string = |field: &str| obj.get(field).and_then(Value::as_str).unwrap_or_default();
+    let kind = match (string("apiVersion"), string("kind")) {
+        (api_version, kind) if !api_version.is_empty() && !kind.is_empty() => {
+            KindRef::new(api_version, kind)
+        }
+        _ => {
+            v.refuse("apiVersion and kind must be non-empty strings");
+            return None;
+        }
+    };
+    if target.manifest.child_kind(&kind).is_none() {
+        v.refuse(format!(
+            "{kind} is not a child kind of plugin {} (declared: {})",
+            target.manifest.name,
+            list_kinds(&target.manifest.children)
+        ));
+    }
+    if obj.contains_key("status") {
+        obj.remove("status");
+        v.warn("status removed: a child's status belongs to its own controller");
+    }
+    let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) else {
+        v.refuse("metadata must be an object with a name");
+        return None;
+    };
+    let name = check_metadata(meta, v);
+    let namespace = check_namespace(target, &kind, parent_ns, meta, v);
+    (!name.is_empty()).then(|| {
+        (
+            kind.group().to_owned(),
+            kind.kind.clone(),
+            namespace.unwrap_or_default(),
+            name,
+        )
+    })
+}
+
+/// Checks a child's name, owner references, labels and annotations, and strips server-set
+/// fields; returns the name (empty when missing).
+fn check_metadata(meta: &mut Map<String, Value>, v: &mut ChildCheck) -> String {
+    let name = meta
+        .get("name")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    if name.is_empty() {
+        v.refuse("metadata.name is required (generateName does not work with server-side apply)");
+    } else if !is_dns1123_subdomain(&name) {
+        v.refuse(format!(
+            "metadata.name {name:?} is not a DNS-1123 subdomain (lower-case letters, digits, '-' and '.', at most 253 characters)"
+        ));
+    }
+    if let Some(refs) = meta.get("ownerReferences") {
+        let empty = refs.is_null() || refs.as_array().is_some_and(Vec::is_empty);
+        if empty {
+            meta.remove("ownerReferences");
+        } else {
+            v.refuse(
+                "metadata.ownerReferences must be empty: the host sets owner references itself",
+            );
+        }
+    }
+    for field in ["labels", "annotations"] {
+        if let Some(map) = meta.get(field).filter(|m| !m.is_null()) {
+            let strings = map
+                .as_object()
+                .is_some_and(|m| m.values().all(Value::is_string));
+            if !strings {
+                v.refuse(format!("metadata.{field} must be a map of strings"));
+            }
+        }
+    }
+    let stripped: Vec<&str> = SERVER_SET
+        .iter()
+        .copied()
+        .filter(|field| meta.remove(*field).is_some())
+        .collect();
+    if !stripped.is_empty() {
+        v.warn(format!(
+            "server-set metadata removed: {}",
+            stripped.join(", ")
+        ));
+    }
+    name
+}
+
+/// The parent's new status must be an object (or absent).
+fn check_status(status: Option<Value>, violations: &mut Vec<Violation>) -> Option<Value> {
+    match status {
+        Some(Value::Object(status)) => Some(Value::Object(status)),
+        None => None,
+        Some(other) => {
+            violations.push(Violation {
+                subject: "status".into(),
+                rule: format!("must be an object, not {}", type_name(&other)),
+            });
+            None
+        }
+    }
+}
+
+/// Events need a reason the API server accepts; long messages are cut.
+fn check_events(
+    events: Vec<WireEvent>,
+    violations: &mut Vec<Violation>,
+    warnings: &mut Vec<String>,
+) -> Vec<WireEvent> {
+    let mut kept = Vec::with_capacity(events.len());
+    for (index, mut event) in events.into_iter().enumerate() {
+        let subject = format!("event #{index}");
+        if event.reason.trim().is_empty() {
+            violations.push(Violation {
+                subject,
+                rule: "reason must not be empty".into(),
+            });
+            continue;
+        }
+        if event.reason.len() > MAX_REASON {
+            violations.push(Violation {
+                subject,
+                rule: format!("reason must be at most {MAX_REASON} characters"),
+            });
+            continue;
+        }
+        if event.message.len() > MAX_MESSAGE {
+            let mut end = MAX_MESSAGE;
+            while !event.message.is_char_boundary(end) {
+                end -= 1;
+            }
+            event.message.truncate(end);
+            warnings.push(format!(
+                "{subject} ({}): message cut to {MAX_MESSAGE} bytes",
+                event.reason
+            ));
+        }
+        kept.push(event);
+    }
+    kept
 }
 
 struct ChildCheck<'a> {

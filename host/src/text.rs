@@ -1,5 +1,5 @@
 //! Small text helpers shared by every stage: bounding what goes into logs, Events and
-//! conditions.
+//! conditions, and hex for digests.
 
 /// Cuts `s` to at most `max` bytes (on a character boundary), marking the cut with `…`.
 pub fn truncate(mut s: String, max: usize) -> String {
@@ -14,9 +14,25 @@ pub fn truncate(mut s: String, max: usize) -> String {
     s
 }
 
+/// Lower-case hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+}
+
 #[cfg(test)]
 mod tests {
-    use super::truncate;
+    use super::{hex, truncate};
+
+    #[test]
+    fn hex_is_lower_case() {
+        assert_eq!(hex(&[0, 0xab, 0x10]), "00ab10");
+    }
 
     #[test]
     fn cuts_on_a_character_boundary_and_marks_the_cut() {

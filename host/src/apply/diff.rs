@@ -16,7 +16,7 @@ pub const HASH_ANNOTATION: &str = "wasmop.io/desired-hash";
 pub fn hash(value: &Value) -> String {
     let bytes = serde_json::to_vec(value).expect("a JSON value serialises");
     let digest = Sha256::digest(&bytes);
-    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+    crate::text::hex(&digest[..8])
 }
 
 /// Records the hash of `desired` in its annotations. Call before adding host-managed fields

@@ -174,7 +174,7 @@ fn prepare_parent(parent: &mut Value, scope: Scope) -> anyhow::Result<String> {
 /// A UUID-shaped, deterministic UID, so render's output is stable from run to run.
 fn made_up_uid(namespace: &str, name: &str) -> String {
     let h = Sha256::digest(format!("wasmop-render/{namespace}/{name}"));
-    let hex: String = h[..16].iter().map(|b| format!("{b:02x}")).collect();
+    let hex = crate::text::hex(&h[..16]);
     format!(
         "{}-{}-{}-{}-{}",
         &hex[..8],

@@ -1,4 +1,4 @@
-//! One reconcile of one parent, as a list of steps:
+//! One reconcile of one parent, as a list of steps (`steps` reads as that list):
 //! finalizer → related selectors → gather → call the plugin → validate → apply and prune
 //! children → status → Events → finalizer removal.
 //!
@@ -16,7 +16,8 @@ use kube::core::Selector;
 use kube::runtime::events::{Event, EventType};
 use serde_json::{Value, json};
 use tracing::Instrument;
-use wasmop_contract::validate::{self, Target};
+use wasmop_contract::validate::{self, Target, Validated};
+use wasmop_contract::wire::{WireEvent, WireResponse};
 use wasmop_contract::{KindRef, Manifest, RelatedSelector};
 
 use super::error::{Error, ReconcileError};
@@ -121,54 +122,155 @@ pub async fn run(
     .await
 }
 
+/// The reconcile, as its list of steps.
 async fn steps(
     shared: &Shared,
     loaded: &Loaded,
     parent: &Arc<DynamicObject>,
     may_defer_status: bool,
 ) -> Result<Outcome, Failure> {
-    let plugin = &loaded.plugin;
-    let manifest = plugin.manifest();
-    let kinds = &shared.kinds;
-    let api = kinds
-        .parent
-        .api(&shared.client, parent.metadata.namespace.as_deref());
-    let field_manager = manifest.field_manager();
-    let finalizer = manifest.finalizer_name();
-    let finalizers = parent.metadata.finalizers.clone().unwrap_or_default();
-    let has_finalizer = finalizers.contains(&finalizer);
-    let deleting = parent.metadata.deletion_timestamp.is_some();
-
+    let step = Step::new(shared, loaded, parent);
     // 1. Finalizer: deletion is the garbage collector's job unless the plugin asked to run.
-    if deleting && !has_finalizer {
-        return Ok(Outcome {
+    if !step.ensure_finalizer().await? {
+        return Ok(Outcome::gone());
+    }
+    // 2. Related selectors.
+    let selectors = step.related_selectors().await?;
+    // 3. Gather and call.
+    let response = step.call(&selectors).await?;
+    // 4. Validate: the same code `wasmop render` runs.
+    let Validated {
+        children,
+        status,
+        events,
+        requeue_after,
+        finalized,
+        warnings,
+    } = step.validate(response)?;
+    for w in &warnings {
+        tracing::warn!(warning = %w, "plugin output adjusted");
+    }
+    // 5. Children.
+    let applied = match step.apply_children(children).await {
+        Ok(report) => report,
+        Err(errors) => {
+            return Err(Failure {
+                error: ReconcileError::Apply(errors),
+                status,
+            });
+        }
+    };
+    // 6. Status, only when it changed. Right after children changed it would describe what
+    // they were before, and be written again as soon as their watch events come back; so it
+    // waits for that reconcile (once: a plugin whose children never settle still gets status).
+    let status_deferred = may_defer_status && (applied.applied > 0 || applied.pruned > 0);
+    if !step.deleting && !status_deferred {
+        step.write_status(status.as_ref()).await?;
+    }
+    // 7. Events the plugin asked for.
+    step.publish_events(&events);
+    // 8. Finalizer removal once the plugin is done.
+    if step.deleting && finalized {
+        step.release_finalizer().await?;
+        return Ok(Outcome::gone());
+    }
+    Ok(Outcome {
+        gone: false,
+        requeue_after,
+        status_deferred,
+    })
+}
+
+impl Outcome {
+    fn gone() -> Self {
+        Outcome {
             gone: true,
             ..Default::default()
-        });
+        }
     }
-    if manifest.finalizer && !deleting && !has_finalizer {
-        add_finalizer(&api, parent, &finalizer).await?;
+}
+
+/// What every step of one reconcile works with.
+struct Step<'a> {
+    shared: &'a Shared,
+    loaded: &'a Loaded,
+    parent: &'a Arc<DynamicObject>,
+    parent_json: Value,
+    api: Api<DynamicObject>,
+    deleting: bool,
+}
+
+impl<'a> Step<'a> {
+    fn new(shared: &'a Shared, loaded: &'a Loaded, parent: &'a Arc<DynamicObject>) -> Self {
+        Step {
+            shared,
+            loaded,
+            parent,
+            parent_json: serde_json::to_value(parent.as_ref()).expect("object serialises"),
+            api: shared
+                .kinds
+                .parent
+                .api(&shared.client, parent.metadata.namespace.as_deref()),
+            deleting: parent.metadata.deletion_timestamp.is_some(),
+        }
     }
 
-    // 2. Related selectors, kept for mapping related changes back to this parent. They depend
-    // on the parent's spec and metadata only, so they are asked again when those change or a
-    // new plugin version runs.
-    let parent_json = serde_json::to_value(parent.as_ref()).expect("object serialises");
-    let key = crate::watch::key_of(parent);
-    let fingerprint = super::fingerprint(parent);
-    let known = {
-        let cached = shared.selectors.lock().expect("selectors lock");
-        cached
-            .get(&key)
-            .filter(|r| r.fingerprint == fingerprint && r.digest == plugin.digest())
-            .map(|r| r.selectors.clone())
-    };
-    let selectors = match known {
-        Some(selectors) => selectors,
-        None => {
-            let selectors = timed(manifest, "related", plugin.related(&parent_json)).await?;
-            let parsed = parse_selectors(kinds, &selectors)?;
-            shared.selectors.lock().expect("selectors lock").insert(
+    fn manifest(&self) -> &'a Manifest {
+        self.loaded.plugin.manifest()
+    }
+
+    fn has_finalizer(&self) -> bool {
+        let finalizer = self.manifest().finalizer_name();
+        self.parent
+            .metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .any(|f| *f == finalizer)
+    }
+
+    /// Adds the plugin's finalizer if it wants one; `false` when the parent is being deleted
+    /// without it, so there is nothing for the plugin to do.
+    async fn ensure_finalizer(&self) -> Result<bool, ReconcileError> {
+        let has = self.has_finalizer();
+        if self.deleting && !has {
+            return Ok(false);
+        }
+        if self.manifest().finalizer && !self.deleting && !has {
+            add_finalizer(&self.api, self.parent, &self.manifest().finalizer_name()).await?;
+        }
+        Ok(true)
+    }
+
+    /// The related selectors, kept for mapping related changes back to this parent. They
+    /// depend on the parent's spec and metadata only, so they are asked again when those
+    /// change or a new plugin version runs.
+    async fn related_selectors(&self) -> Result<Vec<RelatedSelector>, Failure> {
+        let plugin = &self.loaded.plugin;
+        let key = crate::watch::key_of(self.parent);
+        let fingerprint = super::fingerprint(self.parent);
+        let known = {
+            let cached = self.shared.selectors.lock().expect("selectors lock");
+            cached
+                .get(&key)
+                .filter(|r| r.fingerprint == fingerprint && r.digest == plugin.digest())
+                .map(|r| r.selectors.clone())
+        };
+        if let Some(selectors) = known {
+            return Ok(selectors);
+        }
+        let selectors = timed(
+            self.manifest(),
+            "related",
+            plugin.related(&self.parent_json),
+        )
+        .await?;
+        let parsed = parse_selectors(&self.shared.kinds, &selectors)?;
+        self.shared
+            .selectors
+            .lock()
+            .expect("selectors lock")
+            .insert(
                 key,
                 Related {
                     digest: plugin.digest().to_owned(),
@@ -177,119 +279,114 @@ async fn steps(
                     parsed,
                 },
             );
-            selectors
-        }
-    };
+        Ok(selectors)
+    }
 
-    // 3. Gather and call.
-    let parent_scope = kinds.parent.scope();
-    let observed = CacheObserved(shared);
-    let request = gather::request(
-        manifest,
-        &parent_json,
-        parent_scope,
-        &selectors,
-        &observed,
-        &loaded.settings,
-        deleting,
-    );
-    let response = timed(manifest, "reconcile", plugin.reconcile(&request)).await?;
+    /// Gathers the request from the caches and calls `reconcile`.
+    async fn call(&self, selectors: &[RelatedSelector]) -> Result<WireResponse, PluginError> {
+        let request = gather::request(
+            self.manifest(),
+            &self.parent_json,
+            self.shared.kinds.parent.scope(),
+            selectors,
+            &CacheObserved(self.shared),
+            &self.loaded.settings,
+            self.deleting,
+        );
+        timed(
+            self.manifest(),
+            "reconcile",
+            self.loaded.plugin.reconcile(&request),
+        )
+        .await
+    }
 
-    // 4. Validate: the same code `wasmop render` runs.
-    let valid = {
+    fn validate(&self, response: WireResponse) -> Result<Validated, ReconcileError> {
+        let kinds = &self.shared.kinds;
         let scope_of = |k: &KindRef| kinds.scope_of(k);
         let target = Target {
-            manifest,
-            parent: &parent_json,
+            manifest: self.manifest(),
+            parent: &self.parent_json,
             scope_of: &scope_of,
-            parent_scope,
+            parent_scope: kinds.parent.scope(),
         };
-        validate::validate(&target, response).map_err(ReconcileError::InvalidOutput)?
-    };
-    for w in &valid.warnings {
-        tracing::warn!(warning = %w, "plugin output adjusted");
+        validate::validate(&target, response).map_err(ReconcileError::InvalidOutput)
     }
 
-    // 5. Children.
-    let uid = parent.metadata.uid.clone().unwrap_or_default();
-    let children = Children {
-        kinds: &shared.child_kinds,
-        desired: valid.children,
-        observed: shared
-            .children
-            .iter()
-            .map(|c| c.controlled_by(&uid))
-            .collect(),
-        owner: apply::ssa::owner_reference(
-            parent,
-            &kinds.parent.kind.api_version,
-            &kinds.parent.kind.kind,
-        ),
-        field_manager: &field_manager,
-    };
-    let applied = apply::reconcile_children(&shared.client, children).await;
-    let applied = match applied {
-        Ok(report) => report,
-        Err(errors) => {
-            return Err(Failure {
-                error: ReconcileError::Apply(errors),
-                status: valid.status,
-            });
+    /// Applies the desired children and prunes the controlled ones no longer desired.
+    async fn apply_children(
+        &self,
+        desired: Vec<Value>,
+    ) -> Result<apply::Report, Vec<apply::ChildError>> {
+        let kinds = &self.shared.kinds;
+        let uid = self.parent.metadata.uid.clone().unwrap_or_default();
+        let field_manager = self.manifest().field_manager();
+        let children = Children {
+            kinds: &self.shared.child_kinds,
+            desired,
+            observed: self
+                .shared
+                .children
+                .iter()
+                .map(|c| c.controlled_by(&uid))
+                .collect(),
+            owner: apply::ssa::owner_reference(
+                self.parent,
+                &kinds.parent.kind.api_version,
+                &kinds.parent.kind.kind,
+            ),
+            field_manager: &field_manager,
+        };
+        let report = apply::reconcile_children(&self.shared.client, children).await?;
+        if report != apply::Report::default() {
+            tracing::info!(
+                applied = report.applied,
+                pruned = report.pruned,
+                unchanged = report.unchanged,
+                "children updated"
+            );
         }
-    };
-    if applied != apply::Report::default() {
-        tracing::info!(
-            applied = applied.applied,
-            pruned = applied.pruned,
-            unchanged = applied.unchanged,
-            "children updated"
-        );
+        Ok(report)
     }
 
-    // 6. Status, only when it changed. Right after children changed it would describe what
-    // they were before, and be written again as soon as their watch events come back; so it
-    // waits for that reconcile (once: a plugin whose children never settle still gets status).
-    let status_deferred = may_defer_status && (applied.applied > 0 || applied.pruned > 0);
-    let ready = Ready {
-        ok: true,
-        reason: "Reconciled".into(),
-        message: format!("reconciled by {}", loaded.describe()),
-    };
-    let desired = status::desired(
-        parent.data.get("status"),
-        valid.status.as_ref(),
-        parent.metadata.generation,
-        &ready,
-        &status::now(),
-    );
-    if !deleting && !status_deferred {
-        status::write(&api, parent, desired, &field_manager)
-            .await
-            .map_err(ReconcileError::Status)?;
-    }
-
-    // 7. Events the plugin asked for.
-    for ev in &valid.events {
-        let type_ = match ev.type_ {
-            wasmop_contract::wire::EventType::Normal => EventType::Normal,
-            wasmop_contract::wire::EventType::Warning => EventType::Warning,
+    /// The plugin's status with `Ready=True`, written only when it changed.
+    async fn write_status(&self, plugin_status: Option<&Value>) -> Result<(), ReconcileError> {
+        let ready = Ready {
+            ok: true,
+            reason: "Reconciled".into(),
+            message: format!("reconciled by {}", self.loaded.describe()),
         };
-        publish(shared, parent, type_, &ev.reason, &ev.message);
+        let desired = status::desired(
+            self.parent.data.get("status"),
+            plugin_status,
+            self.parent.metadata.generation,
+            &ready,
+            &status::now(),
+        );
+        status::write(
+            &self.api,
+            self.parent,
+            desired,
+            &self.manifest().field_manager(),
+        )
+        .await
+        .map(|_| ())
+        .map_err(ReconcileError::Status)
     }
 
-    // 8. Finalizer removal once the plugin is done.
-    if deleting && valid.finalized {
-        remove_finalizer(&api, parent, &finalizer).await?;
-        return Ok(Outcome {
-            gone: true,
-            ..Default::default()
-        });
+    fn publish_events(&self, events: &[WireEvent]) {
+        for ev in events {
+            let type_ = match ev.type_ {
+                wasmop_contract::wire::EventType::Normal => EventType::Normal,
+                wasmop_contract::wire::EventType::Warning => EventType::Warning,
+            };
+            publish(self.shared, self.parent, type_, &ev.reason, &ev.message);
+        }
     }
-    Ok(Outcome {
-        gone: false,
-        requeue_after: valid.requeue_after,
-        status_deferred,
-    })
+
+    async fn release_finalizer(&self) -> Result<(), ReconcileError> {
+        remove_finalizer(&self.api, self.parent, &self.manifest().finalizer_name()).await
+    }
 }
 
 /// Runs one call into the sandbox and records how long it took.

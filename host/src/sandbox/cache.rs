@@ -21,6 +21,8 @@ use sha2::{Digest, Sha256};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
+use crate::text::hex;
+
 /// Components kept in memory; older ones are dropped first.
 const MEMORY_ENTRIES: usize = 32;
 
@@ -195,25 +197,9 @@ impl Hasher for Sha256Hasher {
     }
 }
 
-/// Lower-case hex.
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn hex_is_lower_case() {
-        assert_eq!(hex(&[0, 0xab, 0x10]), "00ab10");
-    }
 
     #[test]
     fn atomic_write_replaces() {

@@ -44,7 +44,7 @@ pub(crate) fn new_engine(max_instances: u32) -> Result<Engine, SandboxError> {
         .wasm_component_model(true)
         .epoch_interruption(true)
         .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-    let engine = Engine::new(&config).map_err(|e| SandboxError::Engine(format!("{e:#}")))?;
+    let engine = Engine::new(&config).map_err(|e| SandboxError::Engine(e.into()))?;
     start_ticker(&engine)?;
     Ok(engine)
 }

@@ -29,18 +29,22 @@ impl fmt::Display for Call {
     }
 }
 
-/// The sandbox could not be set up (an engine configuration the platform refuses).
+/// wasmtime's error, as a standard error (`wasmtime::Error` is not one).
+pub type EngineError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The sandbox could not be set up (an engine configuration the platform refuses). The cause
+/// is the `source`, which `{:#}` prints after the message.
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
     /// wasmtime refused the engine configuration.
-    #[error("cannot configure the WebAssembly engine: {0}")]
-    Engine(String),
+    #[error("cannot configure the WebAssembly engine")]
+    Engine(#[source] EngineError),
     /// The epoch ticker thread could not be started.
-    #[error("cannot start the epoch ticker thread: {0}")]
+    #[error("cannot start the epoch ticker thread")]
     Ticker(#[source] std::io::Error),
     /// The host functions could not be linked.
-    #[error("cannot link the host functions: {0}")]
-    Linker(String),
+    #[error("cannot link the host functions")]
+    Linker(#[source] EngineError),
 }
 
 /// A plugin failed to load or a call into it failed.

@@ -49,8 +49,9 @@ pub use error::{Call, PluginError, PluginErrorKind, SandboxError, UNKNOWN_PLUGIN
 pub use limits::{Limits, MEMORY_CEILING};
 pub use plugin::Plugin;
 
+use crate::text::hex;
 use bindings::{Plugin as Bindings, PluginPre};
-use cache::{ArtifactCache, hex};
+use cache::ArtifactCache;
 use invoke::{CallState, Invocation, error_chain};
 
 /// How a [`Sandbox`] is set up.
@@ -119,9 +120,9 @@ impl Sandbox {
         let engine = engine::new_engine(cfg.max_instances)?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
-            .map_err(|e| SandboxError::Linker(format!("{e:#}")))?;
+            .map_err(|e| SandboxError::Linker(e.into()))?;
         Bindings::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |state| state)
-            .map_err(|e| SandboxError::Linker(format!("{e:#}")))?;
+            .map_err(|e| SandboxError::Linker(e.into()))?;
         let cache = ArtifactCache::new(&engine, cfg.cache_dir.as_deref());
         let slots = Arc::new(Semaphore::new(cfg.max_instances.max(1) as usize));
         Ok(Self {

@@ -295,7 +295,7 @@ async fn reconcile(parent: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, 
         let child_name = meta["name"].as_str().unwrap_or_default().to_owned();
         let current = children.iter().find(|d| d.name_any() == child_name);
         let up_to_date = match current {
-            Some(d) => is_subset(&child, &serde_json::to_value(d.as_ref())?),
+            Some(d) => wasmop::apply::diff::is_subset(&child, &serde_json::to_value(d.as_ref())?),
             None => false,
         };
         if !up_to_date {
@@ -364,15 +364,13 @@ async fn reconcile(parent: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, 
     Ok(Action::requeue(requeue))
 }
 
-/// Per-parent backoff like the host's: 250 ms, doubling up to 5 minutes.
+/// Per-parent backoff, the host's own: 250 ms, doubling up to 5 minutes.
 fn error_policy(parent: Arc<DynamicObject>, error: &Error, ctx: Arc<Ctx>) -> Action {
     let key = (parent.namespace().unwrap_or_default(), parent.name_any());
     let mut failures = ctx.failures.lock().expect("failures lock");
     let n = failures.entry(key).or_default();
     *n = n.saturating_add(1);
-    let delay = Duration::from_millis(250)
-        .saturating_mul(1 << (*n - 1).min(10))
-        .min(Duration::from_secs(300));
+    let delay = wasmop::controller::queue::Backoff::default().delay(*n);
     tracing::warn!(parent = %parent.name_any(), %error, ?delay, "reconcile failed");
     Action::requeue(delay)
 }
@@ -382,27 +380,6 @@ impl Ctx {
         if let Some(limiter) = &self.limiter {
             limiter.acquire().await;
         }
-    }
-}
-
-/// True when every field of `desired` has the same value in `observed`; fields the server or
-/// other managers added do not count as drift.
-fn is_subset(desired: &Value, observed: &Value) -> bool {
-    match (desired, observed) {
-        (Value::Object(d), Value::Object(o)) => d.iter().all(|(k, dv)| match o.get(k) {
-            Some(ov) => is_subset(dv, ov),
-            None => match dv {
-                Value::Null => true,
-                Value::Object(m) => m.is_empty(),
-                Value::Array(a) => a.is_empty(),
-                _ => false,
-            },
-        }),
-        (Value::Array(d), Value::Array(o)) => {
-            d.len() == o.len() && d.iter().zip(o).all(|(dv, ov)| is_subset(dv, ov))
-        }
-        (Value::Number(d), Value::Number(o)) => d.as_f64() == o.as_f64(),
-        (d, o) => d == o,
     }
 }
 
