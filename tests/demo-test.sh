@@ -104,6 +104,25 @@ grep -q '^export KUBECONFIG=/' "$log" && pass "prints the KUBECONFIG line" || fa
 check_events "$(sed -n '/^Events:/,/==> ready/p' "$log")" "--exit-when-ready"
 leftovers "--exit-when-ready"
 
+# interrupt WHAT TARGET SIGNAL CODE: sends SIGNAL to TARGET (a pid, or -pgid for the whole
+# group) and expects the demo to exit with CODE within 30 s.
+interrupt() {
+  local what=$1 target=$2 signal=$3 code=$4
+  kill "-$signal" -- "$target"
+  if stops_within 30; then
+    [ "$rc" = "$code" ] && pass "$what ends it (exit $code)" || fail "$what: exit status $rc, expected $code"
+  else
+    fail "still running 30 s after $what"
+  fi
+}
+
+# gave_up WHAT: the demo never got where the test waited for.
+gave_up() {
+  fail "never $1"
+  tail -n 40 "$log" >&2
+  kill -KILL -- "-$demo_pid" 2>/dev/null || true
+}
+
 echo "demo-test: 2. Ctrl-C at ready"
 log=$out/ctrl-c.log
 start "$log"
@@ -112,16 +131,9 @@ if await "$log" '==> ready' "$limit"; then
   kubeconfig=$(sed -n 's/^export KUBECONFIG=//p' "$log")
   kubectl=$(sed -n 's/^kubectl: //p' "$log")
   check_events "$(KUBECONFIG=$kubeconfig "$kubectl" -n wasmop-system describe configmap memcached)" "Ctrl-C run"
-  kill -INT -- "-$demo_pid"
-  if stops_within 30; then
-    [ "$rc" = 130 ] && pass "Ctrl-C ends it (exit 130)" || fail "Ctrl-C: exit status $rc, expected 130"
-  else
-    fail "still running 30 s after Ctrl-C"
-  fi
+  interrupt "Ctrl-C" "-$demo_pid" INT 130
 else
-  fail "never reached ready"
-  tail -n 40 "$log" >&2
-  kill -KILL -- "-$demo_pid" 2>/dev/null || true
+  gave_up "reached ready"
 fi
 leftovers "Ctrl-C"
 
@@ -129,16 +141,9 @@ echo "demo-test: 3. SIGTERM while the host starts"
 log=$out/sigterm.log
 start "$log"
 if await "$log" '==> starting the host' "$limit"; then
-  kill -TERM "$demo_pid"
-  if stops_within 30; then
-    [ "$rc" = 143 ] && pass "SIGTERM ends it (exit 143)" || fail "SIGTERM: exit status $rc, expected 143"
-  else
-    fail "still running 30 s after SIGTERM"
-  fi
+  interrupt "SIGTERM" "$demo_pid" TERM 143
 else
-  fail "never started the host"
-  tail -n 40 "$log" >&2
-  kill -KILL -- "-$demo_pid" 2>/dev/null || true
+  gave_up "started the host"
 fi
 leftovers "SIGTERM"
 
