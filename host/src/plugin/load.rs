@@ -12,6 +12,7 @@ use kube::Client;
 use serde_json::Value;
 
 use super::access::{self, Missing};
+use super::notice::Notice;
 use super::source::PluginSource;
 use crate::config;
 use crate::kinds::{self, Kinds, ResolveError};
@@ -56,12 +57,12 @@ pub enum LoadError {
 }
 
 impl LoadError {
-    /// The reason of the Event on the plugin's ConfigMap.
-    pub fn reason(&self) -> &'static str {
+    /// The Event it gives on the plugin's ConfigMap.
+    pub fn notice(&self) -> Notice {
         match self {
-            Self::Plugin(_) | Self::Discovery(_) => "LoadFailed",
-            Self::WaitingForKinds(_) => "WaitingForKinds",
-            Self::Forbidden(_) => "Forbidden",
+            Self::Plugin(_) | Self::Discovery(_) => Notice::LoadFailed,
+            Self::WaitingForKinds(_) => Notice::WaitingForKinds,
+            Self::Forbidden(_) => Notice::Forbidden,
         }
     }
 
@@ -135,14 +136,14 @@ mod tests {
     fn only_waits_are_retried() {
         let waiting =
             LoadError::WaitingForKinds(vec!["cache.example.com/v1alpha1 Memcached".into()]);
-        assert_eq!(waiting.reason(), "WaitingForKinds");
+        assert_eq!(waiting.notice(), Notice::WaitingForKinds);
         assert_eq!(waiting.retry_after(), Some(config::KIND_RETRY));
         assert_eq!(
             waiting.to_string(),
             "waiting for kinds to be served: cache.example.com/v1alpha1 Memcached"
         );
         let bad = LoadError::Discovery(ResolveError::Missing(Vec::new()));
-        assert_eq!(bad.reason(), "LoadFailed");
+        assert_eq!(bad.notice().reason(), "LoadFailed");
         assert_eq!(bad.retry_after(), None);
     }
 }

@@ -4,9 +4,11 @@
 
 pub mod access;
 pub mod load;
+pub mod notice;
 pub mod registry;
 pub mod source;
 
 pub use load::{LoadError, Loaded, Loader};
+pub use notice::Notice;
 pub use registry::{Activation, Registry, State, Status, Supervise};
 pub use source::{PLUGIN_LABEL, PluginSource};

@@ -19,12 +19,13 @@ use futures::StreamExt;
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference};
 use kube::api::Api;
-use kube::runtime::events::{Event, EventType, Reporter};
+use kube::runtime::events::{Event, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
 use tokio::sync::mpsc;
 
 use super::load::{LoadError, Loaded, Loader};
+use super::notice::Notice;
 use super::source::{self, PLUGIN_LABEL, PluginSource};
 use crate::kinds::Kinds;
 use crate::sandbox::Limits;
@@ -224,7 +225,7 @@ impl Registry {
                 count_load(&name, "failure");
                 slot.state = State::Failed(msg.clone());
                 let cm = slot.configmap.clone();
-                self.event(&cm, EventType::Warning, "LoadFailed", &msg);
+                self.event(&cm, Notice::LoadFailed, &msg);
                 return;
             }
         };
@@ -290,7 +291,7 @@ impl Registry {
                 slot.state = State::Waiting(msg.clone());
                 if first {
                     tracing::warn!(configmap, "{msg}");
-                    self.event(&cm, EventType::Warning, error.reason(), &msg);
+                    self.event(&cm, error.notice(), &msg);
                 }
                 let tx = self.tx.clone();
                 let configmap = configmap.to_string();
@@ -307,7 +308,7 @@ impl Registry {
                 tracing::error!(configmap, error = %msg, "plugin failed to load");
                 count_load(configmap, "failure");
                 slot.state = State::Failed(msg.clone());
-                self.event(&cm, EventType::Warning, error.reason(), &msg);
+                self.event(&cm, error.notice(), &msg);
             }
         }
     }
@@ -328,7 +329,7 @@ impl Registry {
             slot.state = State::Failed(msg.clone());
             let cm = slot.configmap.clone();
             tracing::error!(configmap, "{msg}");
-            self.event(&cm, EventType::Warning, "LoadFailed", &msg);
+            self.event(&cm, Notice::LoadFailed, &msg);
             return;
         }
 
@@ -340,9 +341,9 @@ impl Registry {
         slot.state = State::Running;
         let cm = slot.configmap.clone();
         // Any replacement is `Swapped`, naming both versions; only a first load is `Loaded`.
-        let (reason, msg) = match (&previous, activation) {
+        let (notice, msg) = match (&previous, activation) {
             (Some(old), Activation::Restarted) => (
-                "Swapped",
+                Notice::Swapped,
                 format!(
                     "swapped in {}, replacing {}; its kinds changed, so its controller restarted",
                     loaded.describe(),
@@ -350,14 +351,14 @@ impl Registry {
                 ),
             ),
             (Some(old), _) => (
-                "Swapped",
+                Notice::Swapped,
                 format!(
                     "swapped in {}, replacing {}",
                     loaded.describe(),
                     old.loaded.describe()
                 ),
             ),
-            (None, _) => ("Loaded", format!("loaded {}", loaded.describe())),
+            (None, _) => (Notice::Loaded, format!("loaded {}", loaded.describe())),
         };
         count_load(configmap, "success");
         if let Some(old) = &previous {
@@ -371,7 +372,7 @@ impl Registry {
         }
         set_info(configmap, None, Some(&loaded));
         tracing::info!(configmap, "{msg}");
-        self.event(&cm, EventType::Normal, reason, &msg);
+        self.event(&cm, notice, &msg);
     }
 
     async fn on_delete(&mut self, configmap: &str) {
@@ -417,11 +418,11 @@ impl Registry {
     }
 
     /// Queues an Event on the plugin ConfigMap `cm`, written off the registry's loop.
-    fn event(&self, cm: &ConfigMap, type_: EventType, reason: &str, message: &str) {
+    fn event(&self, cm: &ConfigMap, notice: Notice, message: &str) {
         let reference: ObjectReference = cm.object_ref(&());
         let ev = Event {
-            type_,
-            reason: reason.into(),
+            type_: notice.event_type(),
+            reason: notice.reason().into(),
             note: Some(message.to_string()),
             action: "LoadPlugin".into(),
             secondary: None,

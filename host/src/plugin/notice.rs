@@ -1,0 +1,40 @@
+//! The Events the registry records on a plugin ConfigMap: one reason per kind of state
+//! change, so that `kubectl describe configmap` reads as the plugin's history.
+
+use kube::runtime::events::EventType;
+
+/// The reasons of the Events on a plugin ConfigMap, one per kind of state change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Notice {
+    /// The first good version of the plugin runs.
+    Loaded,
+    /// A good version replaced the one that ran.
+    Swapped,
+    /// A version could not be loaded; the last good one, if any, still runs.
+    LoadFailed,
+    /// A version waits for its kinds to be served.
+    WaitingForKinds,
+    /// A version waits for the host to be granted what it needs.
+    Forbidden,
+}
+
+impl Notice {
+    /// The Event's reason.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Notice::Loaded => "Loaded",
+            Notice::Swapped => "Swapped",
+            Notice::LoadFailed => "LoadFailed",
+            Notice::WaitingForKinds => "WaitingForKinds",
+            Notice::Forbidden => "Forbidden",
+        }
+    }
+
+    /// Normal for a version that runs, Warning otherwise.
+    pub fn event_type(self) -> EventType {
+        match self {
+            Notice::Loaded | Notice::Swapped => EventType::Normal,
+            _ => EventType::Warning,
+        }
+    }
+}
