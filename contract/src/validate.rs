@@ -12,6 +12,7 @@
 //!   reference);
 //! - two children with the same group, kind, namespace and name;
 //! - any `metadata.ownerReferences` (the host sets owner references itself);
+//! - a Secret of type `kubernetes.io/service-account-token`, always (it would mint a token);
 //! - `metadata.labels`/`annotations` that are not maps of strings;
 //! - an event without a reason, or a reason longer than 128 characters;
 //! - a `status` that is not an object.
@@ -121,6 +122,9 @@ const SERVER_SET: &[&str] = &[
     "deletionGracePeriodSeconds",
     "selfLink",
 ];
+
+/// The Secret type the token controller fills with a ServiceAccount's token.
+pub const TOKEN_SECRET_TYPE: &str = "kubernetes.io/service-account-token";
 
 /// Longest event reason the API server accepts.
 const MAX_REASON: usize = 128;
@@ -268,6 +272,16 @@ fn check_child(
             "{kind} is not a child kind of plugin {} (declared: {})",
             target.manifest.name,
             list_kinds(&target.manifest.children)
+        ));
+    }
+    // Whatever RBAC allows: the token controller would fill it with a ServiceAccount's token,
+    // which the plugin could then read back as an observed child.
+    if kind.group().is_empty()
+        && kind.kind == "Secret"
+        && obj.get("type").and_then(Value::as_str) == Some(TOKEN_SECRET_TYPE)
+    {
+        v.refuse(format!(
+            "a Secret of type {TOKEN_SECRET_TYPE} is never a child: it would hand the plugin a ServiceAccount's token"
         ));
     }
     if obj.contains_key("status") {
@@ -569,6 +583,33 @@ mod tests {
             children(vec![json!(3)]),
             "must be a JSON object",
         );
+    }
+
+    #[test]
+    fn token_secrets_are_refused_even_when_secrets_are_children() {
+        let m = Manifest::new("demo", "1")
+            .parent_raw("example.com/v1", "Demo")
+            .child_raw("v1", "Secret");
+        let parent = json!({"metadata": {"name": "p", "namespace": "ns1"}});
+        let check = |child: Value| {
+            let scope_of = |_: &KindRef| None;
+            let target = Target {
+                manifest: &m,
+                parent: &parent,
+                scope_of: &scope_of,
+                parent_scope: Scope::Namespaced,
+            };
+            validate(&target, children(vec![child]))
+        };
+        let token = json!({"apiVersion": "v1", "kind": "Secret", "type": TOKEN_SECRET_TYPE,
+            "metadata": {"name": "t", "annotations": {"kubernetes.io/service-account.name": "admin"}}});
+        let err = check(token).unwrap_err().to_string();
+        assert!(
+            err.contains("child #0 (v1 Secret t): a Secret of type kubernetes.io/service-account-token is never a child"),
+            "{err}"
+        );
+        let opaque = json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "metadata": {"name": "o"}});
+        check(opaque).expect("other Secrets stay allowed");
     }
 
     #[test]

@@ -26,6 +26,18 @@ pub const MEMORY_MIB: u64 = 64;
 /// `wasmop.io/max-response-kib`).
 pub const MAX_RESPONSE_KIB: u64 = 4096;
 
+/// The values a plugin ConfigMap's `wasmop.io/deadline-ms` may take: up to one minute.
+pub const DEADLINE_MS_RANGE: std::ops::RangeInclusive<u64> = 1..=60_000;
+
+/// The values of `wasmop.io/memory-mib`: up to the sandbox's 1 GiB ceiling.
+pub const MEMORY_MIB_RANGE: std::ops::RangeInclusive<u64> = 1..=1024;
+
+/// The values of `wasmop.io/max-response-kib`: up to 64 MiB.
+pub const MAX_RESPONSE_KIB_RANGE: std::ops::RangeInclusive<u64> = 1..=65_536;
+
+/// The values of `wasmop.io/resync-seconds`: up to 30 days.
+pub const RESYNC_SECONDS_RANGE: std::ops::RangeInclusive<u64> = 1..=2_592_000;
+
 /// Parents reconciled at the same time, per plugin (`--concurrency`).
 pub const CONCURRENCY: usize = 4;
 

@@ -55,6 +55,35 @@ async fn garbage_module_keeps_the_last_good_version() {
     env.put_memcached("cache", 2).await;
     env.wait_nodes("cache", 2).await;
     assert!(host.alive());
+
+    // An annotation out of its range (this one used to overflow the controller's clock) is
+    // refused at load, naming the annotation; the running version stays.
+    env.put_plugin("memcached", &wasm, None).await;
+    let configmaps: Api<k8s_openapi::api::core::v1::ConfigMap> = env.ns.api();
+    let huge =
+        json!({"metadata": {"annotations": {"wasmop.io/resync-seconds": "9223372036854775808"}}});
+    configmaps
+        .patch("memcached", &PatchParams::default(), &Patch::Merge(&huge))
+        .await
+        .unwrap();
+    testenv::wait_until(
+        "a LoadFailed Event naming wasmop.io/resync-seconds",
+        TIMEOUT,
+        || async { Ok::<_, kube::Error>(events_for(&env, "ConfigMap", "memcached").await) },
+        |events| {
+            events.iter().any(|e| {
+                e.reason.as_deref() == Some("LoadFailed")
+                    && e.message.as_deref().is_some_and(|m| {
+                        m.contains("annotation wasmop.io/resync-seconds=\"9223372036854775808\": expected an integer from 1 to 2592000")
+                    })
+            })
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nhost log:\n{}", host.logs()));
+    env.put_memcached("cache", 1).await;
+    env.wait_nodes("cache", 1).await;
+    assert!(host.alive());
 }
 
 #[tokio::test(flavor = "multi_thread")]

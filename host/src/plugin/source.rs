@@ -4,15 +4,18 @@
 //! in `.wasm` (raw) or `.wasm.gz` (gzip). Optional keys and annotations:
 //! - `settings.yaml` (in `data`): handed to every reconcile as `settings`;
 //! - annotations [`DEADLINE_ANNOTATION`], [`MEMORY_ANNOTATION`], [`RESPONSE_ANNOTATION`] and
-//!   [`RESYNC_ANNOTATION`] override the host's defaults for this plugin.
+//!   [`RESYNC_ANNOTATION`] override the host's defaults for this plugin, each within its
+//!   range in [`crate::config`] (a value past it would overflow a byte count or a clock).
 
 use std::io::Read;
+use std::ops::RangeInclusive;
 use std::time::Duration;
 
 use flate2::read::GzDecoder;
 use k8s_openapi::api::core::v1::ConfigMap;
 use serde_json::Value;
 
+use crate::config;
 use crate::sandbox::{Limits, digest_of};
 
 /// The label that marks a ConfigMap as a plugin (any value).
@@ -80,13 +83,15 @@ pub enum SourceError {
     /// `settings.yaml` does not parse.
     #[error("{SETTINGS_KEY}: {0}")]
     Settings(String),
-    /// An annotation is not a positive integer.
-    #[error("annotation {name}={value:?}: expected a positive integer")]
+    /// An annotation is not an integer in its range.
+    #[error("annotation {name}={value:?}: expected an integer from {} to {}", .range.start(), .range.end())]
     Annotation {
         /// The annotation.
         name: &'static str,
         /// Its value.
         value: String,
+        /// What it may be.
+        range: RangeInclusive<u64>,
     },
 }
 
@@ -137,29 +142,32 @@ pub fn read(cm: &ConfigMap, defaults: &Limits) -> Result<PluginSource, SourceErr
     };
 
     let annotations = cm.metadata.annotations.clone().unwrap_or_default();
-    let number = |name: &'static str| -> Result<Option<u64>, SourceError> {
-        match annotations.get(name) {
-            None => Ok(None),
-            Some(v) => match v.trim().parse::<u64>() {
-                Ok(n) if n > 0 => Ok(Some(n)),
-                _ => Err(SourceError::Annotation {
-                    name,
-                    value: v.clone(),
-                }),
-            },
-        }
-    };
+    // Bounded: a value past its range would overflow a byte count or a deadline later.
+    let number =
+        |name: &'static str, range: RangeInclusive<u64>| -> Result<Option<u64>, SourceError> {
+            match annotations.get(name) {
+                None => Ok(None),
+                Some(v) => match v.trim().parse::<u64>() {
+                    Ok(n) if range.contains(&n) => Ok(Some(n)),
+                    _ => Err(SourceError::Annotation {
+                        name,
+                        value: v.clone(),
+                        range,
+                    }),
+                },
+            }
+        };
     let mut limits = *defaults;
-    if let Some(ms) = number(DEADLINE_ANNOTATION)? {
+    if let Some(ms) = number(DEADLINE_ANNOTATION, config::DEADLINE_MS_RANGE)? {
         limits.deadline = Duration::from_millis(ms);
     }
-    if let Some(mib) = number(MEMORY_ANNOTATION)? {
+    if let Some(mib) = number(MEMORY_ANNOTATION, config::MEMORY_MIB_RANGE)? {
         limits.memory_bytes = mib << 20;
     }
-    if let Some(kib) = number(RESPONSE_ANNOTATION)? {
+    if let Some(kib) = number(RESPONSE_ANNOTATION, config::MAX_RESPONSE_KIB_RANGE)? {
         limits.response_bytes = kib << 10;
     }
-    let resync = number(RESYNC_ANNOTATION)?.map(Duration::from_secs);
+    let resync = number(RESYNC_ANNOTATION, config::RESYNC_SECONDS_RANGE)?.map(Duration::from_secs);
 
     Ok(PluginSource {
         configmap,
@@ -283,8 +291,40 @@ mod tests {
         );
         assert_eq!(
             ann.unwrap_err().to_string(),
-            "annotation wasmop.io/memory-mib=\"lots\": expected a positive integer"
+            "annotation wasmop.io/memory-mib=\"lots\": expected an integer from 1 to 1024"
         );
+        // Past its range, a value is refused here rather than overflowing later.
+        for (name, value) in [
+            (RESYNC_ANNOTATION, "9223372036854775808"),
+            (RESYNC_ANNOTATION, "0"),
+            (DEADLINE_ANNOTATION, "60001"),
+            (MEMORY_ANNOTATION, "1025"),
+            (RESPONSE_ANNOTATION, "18446744073709551615"),
+        ] {
+            let err = read(
+                &cm(&[("a.wasm", vec![])], &[], &[(name, value)]),
+                &Limits::default(),
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(
+                err.starts_with(&format!(
+                    "annotation {name}={value:?}: expected an integer from 1 to "
+                )),
+                "{err}"
+            );
+        }
+        let top = read(
+            &cm(
+                &[("a.wasm", vec![])],
+                &[],
+                &[(RESYNC_ANNOTATION, "2592000"), (MEMORY_ANNOTATION, "1024")],
+            ),
+            &Limits::default(),
+        )
+        .unwrap();
+        assert_eq!(top.resync, Some(Duration::from_secs(2_592_000)));
+        assert_eq!(top.limits.memory_bytes, 1 << 30);
         let settings = read(
             &cm(&[("a.wasm", vec![])], &[(SETTINGS_KEY, "a: [")], &[]),
             &Limits::default(),
