@@ -15,7 +15,9 @@
 //! - a Secret of type `kubernetes.io/service-account-token`, always (it would mint a token);
 //! - `metadata.labels`/`annotations` that are not maps of strings;
 //! - an event without a reason, or a reason longer than 128 characters;
-//! - a `status` that is not an object.
+//! - a `status` that is not an object;
+//! - more than [`MAX_CHILDREN`] children or [`MAX_EVENTS`] events (the whole response, before
+//!   any child is looked at).
 //!
 //! Fixed up, with a warning:
 //! - an empty namespace of a namespaced child of a namespaced parent becomes the parent's;
@@ -123,6 +125,16 @@ const SERVER_SET: &[&str] = &[
     "selfLink",
 ];
 
+/// The most children one response may hold: each is an apply, and a flood of them is refused
+/// whole rather than half applied.
+pub const MAX_CHILDREN: usize = 500;
+
+/// The most Events one response may ask for.
+pub const MAX_EVENTS: usize = 50;
+
+/// The most related selectors `related` may return for one parent.
+pub const MAX_SELECTORS: usize = 32;
+
 /// The Secret type the token controller fills with a ServiceAccount's token.
 pub const TOKEN_SECRET_TYPE: &str = "kubernetes.io/service-account-token";
 
@@ -133,6 +145,7 @@ const MAX_MESSAGE: usize = 1024;
 
 /// Checks `resp` against `target`; see the module docs for the rules.
 pub fn validate(target: &Target, resp: WireResponse) -> Result<Validated, ValidationError> {
+    check_counts(&resp)?;
     let parent_ns = target
         .parent
         .pointer("/metadata/namespace")
@@ -351,6 +364,35 @@ fn check_metadata(meta: &mut Map<String, Value>, v: &mut ChildCheck) -> String {
         ));
     }
     name
+}
+
+/// A response over the caps is refused before any child is looked at, so the work stays
+/// bounded whatever the plugin returns.
+fn check_counts(resp: &WireResponse) -> Result<(), ValidationError> {
+    let mut violations = Vec::new();
+    if resp.children.len() > MAX_CHILDREN {
+        violations.push(Violation {
+            subject: "children".into(),
+            rule: format!(
+                "{} children; at most {MAX_CHILDREN} per response",
+                resp.children.len()
+            ),
+        });
+    }
+    if resp.events.len() > MAX_EVENTS {
+        violations.push(Violation {
+            subject: "events".into(),
+            rule: format!(
+                "{} events; at most {MAX_EVENTS} per response",
+                resp.events.len()
+            ),
+        });
+    }
+    if violations.is_empty() {
+        Ok(())
+    } else {
+        Err(ValidationError { violations })
+    }
 }
 
 /// The parent's new status must be an object (or absent).
@@ -610,6 +652,43 @@ mod tests {
         );
         let opaque = json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "metadata": {"name": "o"}});
         check(opaque).expect("other Secrets stay allowed");
+    }
+
+    #[test]
+    fn a_flood_is_refused_whole() {
+        let many: Vec<Value> = (0..=MAX_CHILDREN).map(|i| cm(&format!("c{i}"))).collect();
+        let err = run(Scope::Namespaced, children(many)).unwrap_err();
+        assert_eq!(
+            err.violations,
+            [Violation {
+                subject: "children".into(),
+                rule: "501 children; at most 500 per response".into(),
+            }],
+            "one violation, not one per child"
+        );
+        let events = WireResponse {
+            events: (0..=MAX_EVENTS)
+                .map(|_| WireEvent {
+                    type_: EventType::Normal,
+                    reason: "R".into(),
+                    message: String::new(),
+                })
+                .collect(),
+            ..WireResponse::default()
+        };
+        let err = run(Scope::Namespaced, events).unwrap_err().to_string();
+        assert!(
+            err.contains("events: 51 events; at most 50 per response"),
+            "{err}"
+        );
+        let at_cap: Vec<Value> = (0..MAX_CHILDREN).map(|i| cm(&format!("c{i}"))).collect();
+        assert_eq!(
+            run(Scope::Namespaced, children(at_cap))
+                .unwrap()
+                .children
+                .len(),
+            MAX_CHILDREN
+        );
     }
 
     #[test]

@@ -288,6 +288,29 @@ fn selector_for_an_undeclared_kind_is_refused() {
 }
 
 #[test]
+fn a_flood_of_selectors_is_refused() {
+    let plugin = adversarial();
+    let err = plugin.related_blocking(&parent("flood")).unwrap_err();
+    let PluginErrorKind::InvalidOutput { call, detail } = &err.kind else {
+        panic!("expected InvalidOutput, got {err}");
+    };
+    assert_eq!(*call, Call::Related);
+    assert_eq!(detail, "100 selectors; at most 32 per parent");
+    assert_still_works(&plugin);
+}
+
+#[test]
+fn a_flood_of_children_is_refused_whole() {
+    let err = validation_error("flood");
+    assert_eq!(err.violations.len(), 1, "{err}");
+    assert_eq!(err.violations[0].subject, "children");
+    assert_eq!(
+        err.violations[0].rule,
+        "10000 children; at most 500 per response"
+    );
+}
+
+#[test]
 fn log_flood_is_bounded_and_the_call_succeeds() {
     let plugin = adversarial();
     let resp = plugin.reconcile_blocking(&request("log-flood")).unwrap();

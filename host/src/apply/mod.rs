@@ -8,6 +8,7 @@ pub mod diff;
 pub mod prune;
 pub mod ssa;
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -59,6 +60,9 @@ pub struct Children<'a> {
     pub field_manager: &'a str,
 }
 
+/// A child's namespace and name.
+type ChildKey<'a> = (Option<&'a str>, &'a str);
+
 /// Applies and prunes; keeps going past a failed child and returns every failure.
 pub async fn reconcile_children(
     client: &Client,
@@ -66,7 +70,23 @@ pub async fn reconcile_children(
 ) -> Result<Report, Vec<ChildError>> {
     let mut report = Report::default();
     let mut errors = Vec::new();
-    let mut keep = vec![Vec::<(Option<String>, String)>::new(); children.kinds.len()];
+    // Indexed, so matching desired to observed stays linear in the number of children.
+    let observed: Vec<HashMap<ChildKey, &Arc<DynamicObject>>> = children
+        .observed
+        .iter()
+        .map(|objs| {
+            objs.iter()
+                .map(|o| {
+                    let key = (
+                        o.metadata.namespace.as_deref(),
+                        o.metadata.name.as_deref().unwrap_or_default(),
+                    );
+                    (key, o)
+                })
+                .collect()
+        })
+        .collect();
+    let mut keep = vec![HashSet::<(Option<String>, String)>::new(); children.kinds.len()];
 
     for mut child in children.desired {
         let api_version = child["apiVersion"].as_str().unwrap_or_default().to_string();
@@ -88,12 +108,10 @@ pub async fn reconcile_children(
         diff::stamp(&mut child);
         ssa::set_owner(&mut child, &children.owner);
 
-        let observed = children.observed[idx].iter().find(|o| {
-            o.metadata.name.as_deref() == Some(&name) && o.metadata.namespace == namespace
-        });
-        let current =
-            observed.map(|o| serde_json::to_value(o.as_ref()).expect("object serialises"));
-        keep[idx].push((namespace.clone(), name.clone()));
+        let current = observed[idx]
+            .get(&(namespace.as_deref(), name.as_str()))
+            .map(|o| serde_json::to_value(o.as_ref()).expect("object serialises"));
+        keep[idx].insert((namespace.clone(), name.clone()));
         if current.is_some_and(|c| diff::is_subset(&child, &c)) {
             report.unchanged += 1;
             continue;

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 use tokio::sync::Semaphore;
+use wasmop_contract::validate::MAX_SELECTORS;
 use wasmop_contract::wire::{WireRequest, WireResponse};
 use wasmop_contract::{Manifest, RelatedSelector};
 use wasmtime::Engine;
@@ -191,6 +192,15 @@ impl Plugin {
             .map(|s| s.api_version.len() + s.kind.len() + s.label_selector.len())
             .sum();
         self.check_size(call, size)?;
+        if wire.len() > MAX_SELECTORS {
+            return Err(self.error(PluginErrorKind::InvalidOutput {
+                call,
+                detail: format!(
+                    "{} selectors; at most {MAX_SELECTORS} per parent",
+                    wire.len()
+                ),
+            }));
+        }
         wire.into_iter()
             .map(|s| {
                 selector_from_wit(&self.inner.manifest, s).map_err(|p| {

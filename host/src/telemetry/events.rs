@@ -15,6 +15,8 @@
 //!   series would hide behind the first note.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Event as CoreEvent, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
@@ -32,10 +34,36 @@ const NOTE_LIMIT: usize = 1020;
 
 type Queued = (Event, ObjectReference, tracing::Span);
 
+/// At most one warning about dropped Events this often, with how many were dropped.
+const DROP_LOG_EVERY: Duration = Duration::from_secs(10);
+
 /// Queues Events for the writer task. Dropping every clone ends the task.
 #[derive(Clone)]
 pub struct Events {
     tx: mpsc::Sender<Queued>,
+    drops: Arc<Mutex<Drops>>,
+}
+
+/// Events dropped since the last warning, and when that was.
+#[derive(Default)]
+struct Drops {
+    count: u64,
+    logged: Option<Instant>,
+}
+
+impl Drops {
+    /// Counts one drop; `Some(n)` when it is time to warn about the `n` since the last warning.
+    fn count(&mut self, now: Instant) -> Option<u64> {
+        self.count += 1;
+        if self
+            .logged
+            .is_some_and(|at| now.duration_since(at) < DROP_LOG_EVERY)
+        {
+            return None;
+        }
+        self.logged = Some(now);
+        Some(std::mem::take(&mut self.count))
+    }
 }
 
 /// Where the writer task sends Events.
@@ -76,16 +104,27 @@ impl Events {
                 .await;
             }
         });
-        Events { tx }
+        Events {
+            tx,
+            drops: Arc::default(),
+        }
     }
 
-    /// Queues `event` about `reference`; it is logged in the caller's span.
+    /// Queues `event` about `reference`; it is logged in the caller's span. When too many wait
+    /// it is dropped, and the drops are logged now and then, not one line each.
     pub fn record(&self, event: Event, reference: ObjectReference) {
         if let Err(mpsc::error::TrySendError::Full((event, ..))) =
             self.tx
                 .try_send((event, reference, tracing::Span::current()))
         {
-            tracing::warn!(reason = %event.reason, "too many Events waiting; this one is dropped");
+            let drops = self
+                .drops
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .count(Instant::now());
+            if let Some(dropped) = drops {
+                tracing::warn!(dropped, last_reason = %event.reason, "too many Events waiting; dropping them");
+            }
         }
     }
 }
@@ -169,6 +208,22 @@ fn event_name(object: Option<&str>, at: Timestamp, seq: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn drops_are_logged_now_and_then_with_their_count() {
+        let mut drops = Drops::default();
+        let t0 = Instant::now();
+        assert_eq!(drops.count(t0), Some(1), "the first drop is logged");
+        for i in 1..1000 {
+            assert_eq!(drops.count(t0 + Duration::from_millis(i)), None);
+        }
+        assert_eq!(
+            drops.count(t0 + DROP_LOG_EVERY),
+            Some(1000),
+            "then the tally"
+        );
+        assert_eq!(drops.count(t0 + DROP_LOG_EVERY), None);
+    }
 
     #[test]
     fn names_sort_in_creation_order() {

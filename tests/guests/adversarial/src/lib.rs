@@ -54,6 +54,14 @@ impl Guest for Adversarial {
             "invalid-json" => Ok(vec![selector("Pod", "{matchLabels".into())]),
             "fail" => Err("related refuses".into()),
             "loop" => spin(),
+            "flood" => Ok((0..100)
+                .map(|i| {
+                    selector(
+                        "Pod",
+                        json!({"matchLabels": {"n": i.to_string()}}).to_string(),
+                    )
+                })
+                .collect()),
             _ => Ok(vec![selector(
                 "Pod",
                 json!({"matchLabels": {"app": name}}).to_string(),
@@ -107,6 +115,12 @@ impl Guest for Adversarial {
                 }
             }
             "log" => log(Level::Warn, "hello from the guest"),
+            "flood" => {
+                let children: Vec<Value> = (0..10_000)
+                    .map(|i| json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": format!("{name}-{i}")}}))
+                    .collect();
+                return Ok(json!({"children": children}).to_string());
+            }
             _ => {}
         }
         let resp = json!({
