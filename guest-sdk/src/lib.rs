@@ -105,7 +105,10 @@ pub trait Plugin {
     }
 
     /// One reconcile: observed state in, desired state out. Must be deterministic: the host
-    /// writes only what changed, and an `Err` is retried with backoff.
+    /// writes only what changed. Under the host there is no real clock or entropy (the wall
+    /// clock is fixed, a sleep returns at once, randomness is a fixed sequence), so read time
+    /// from the request, never from `SystemTime`. An `Err` is a guest fault: it is retried when
+    /// the input or the plugin changes.
     fn reconcile(req: &Request<Self::Parent>) -> Result<Response>;
 }
 

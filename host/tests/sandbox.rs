@@ -311,6 +311,36 @@ fn a_flood_of_children_is_refused_whole() {
 }
 
 #[test]
+fn a_sleep_returns_at_once_and_the_clock_does_not_move() {
+    let plugin = adversarial();
+    let started = Instant::now();
+    let resp = plugin.reconcile_blocking(&request("sleep")).unwrap();
+    // The guest asked for a minute; the call ends long before (a real wait would block here,
+    // out of the deadline's reach).
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(resp.children[0]["data"]["sleptNanos"], "0");
+    assert_still_works(&plugin);
+}
+
+#[test]
+fn clocks_and_randomness_are_deterministic() {
+    let plugin = adversarial();
+    let req = request("impure");
+    let first = serde_json::to_string(&plugin.reconcile_blocking(&req).unwrap()).unwrap();
+    let second = serde_json::to_string(&plugin.reconcile_blocking(&req).unwrap()).unwrap();
+    assert_eq!(first, second, "same input, same output, byte for byte");
+    let resp: serde_json::Value = serde_json::from_str(&first).unwrap();
+    assert_eq!(
+        resp["children"][0]["data"]["wallSeconds"], "946684800",
+        "2000-01-01"
+    );
+}
+
+#[test]
 fn log_flood_is_bounded_and_the_call_succeeds() {
     let plugin = adversarial();
     let resp = plugin.reconcile_blocking(&request("log-flood")).unwrap();

@@ -3,8 +3,9 @@
 //! behind to clean up.
 //!
 //! The store grants the guest WASI p2 with no capabilities (no preopens, environment,
-//! arguments or sockets; clocks and randomness remain because the standard library needs them),
-//! stdout and stderr captured by a [`TailSink`], the [`MemoryLimiter`] and an epoch deadline.
+//! arguments or sockets) and deterministic clocks and randomness that never block (see
+//! `wasi.rs`), stdout and stderr captured by a [`TailSink`], the [`MemoryLimiter`] and an
+//! epoch deadline.
 //! The `log` import becomes `tracing` events under the target `wasmop::plugin`.
 //!
 //! Failures are classified here, in this order: the limiter hit its cap → `MemoryCap` (the
@@ -15,7 +16,7 @@
 
 use wasmtime::component::ResourceTable;
 use wasmtime::{Engine, Store, Trap};
-use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::bindings::wasmop::plugin::host::{self, Level};
 use super::bindings::{Plugin as Bindings, PluginPre};
@@ -106,7 +107,7 @@ impl Invocation<'_> {
         f: impl FnOnce(&Bindings, &mut Store<CallState>) -> wasmtime::Result<R>,
     ) -> Result<R, PluginErrorKind> {
         let output = TailSink::new(OUTPUT_TAIL);
-        let wasi = WasiCtxBuilder::new()
+        let wasi = super::wasi::ctx_builder()
             .stdout(output.clone())
             .stderr(output.clone())
             .build();

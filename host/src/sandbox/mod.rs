@@ -36,6 +36,7 @@ mod limits;
 mod manifest;
 mod output;
 mod plugin;
+mod wasi;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -119,8 +120,7 @@ impl Sandbox {
     pub fn new(cfg: SandboxConfig) -> Result<Self, SandboxError> {
         let engine = engine::new_engine(cfg.max_instances)?;
         let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
-            .map_err(|e| SandboxError::Linker(e.into()))?;
+        wasi::add_to_linker(&mut linker).map_err(|e| SandboxError::Linker(e.into()))?;
         Bindings::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |state| state)
             .map_err(|e| SandboxError::Linker(e.into()))?;
         let cache = ArtifactCache::new(&engine, cfg.cache_dir.as_deref());

@@ -115,6 +115,29 @@ impl Guest for Adversarial {
                 }
             }
             "log" => log(Level::Warn, "hello from the guest"),
+            // A minute's sleep: it must neither hold the call past its deadline nor block.
+            "sleep" => {
+                let started = std::time::Instant::now();
+                std::thread::sleep(std::time::Duration::from_secs(60));
+                child["data"]["sleptNanos"] = json!(started.elapsed().as_nanos().to_string());
+            }
+            // Everything impure std offers: clocks and randomness.
+            "impure" => {
+                use std::hash::{BuildHasher, Hasher};
+                let wall = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
+                let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+                hasher.write(b"x");
+                let keys: Vec<String> = (0..16)
+                    .map(|i| i.to_string())
+                    .collect::<std::collections::HashSet<_>>()
+                    .into_iter()
+                    .collect();
+                child["data"]["wallSeconds"] = json!(wall.to_string());
+                child["data"]["hash"] = json!(hasher.finish().to_string());
+                child["data"]["setOrder"] = json!(keys.join(","));
+            }
             "flood" => {
                 let children: Vec<Value> = (0..10_000)
                     .map(|i| json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": format!("{name}-{i}")}}))
