@@ -13,7 +13,8 @@
 //! - two children with the same group, kind, namespace and name;
 //! - any `metadata.ownerReferences` (the host sets owner references itself);
 //! - a Secret of type `kubernetes.io/service-account-token`, always (it would mint a token);
-//! - `metadata.labels`/`annotations` that are not maps of strings;
+//! - `metadata.labels`/`annotations` that are not maps of strings, or that use the host's
+//!   `wasmop.io/` keys;
 //! - an event without a reason, or a reason longer than 128 characters;
 //! - a `status` that is not an object;
 //! - more than [`MAX_CHILDREN`] children or [`MAX_EVENTS`] events (the whole response, before
@@ -134,6 +135,11 @@ pub const MAX_EVENTS: usize = 50;
 
 /// The most related selectors `related` may return for one parent.
 pub const MAX_SELECTORS: usize = 32;
+
+/// Label and annotation keys only the host sets: a child that carried `wasmop.io/plugin` in the
+/// host's namespace would be loaded as a plugin, and `wasmop.io/managed-by` decides what a
+/// plugin may prune.
+pub const RESERVED_PREFIX: &str = "wasmop.io/";
 
 /// The Secret type the token controller fills with a ServiceAccount's token.
 pub const TOKEN_SECRET_TYPE: &str = "kubernetes.io/service-account-token";
@@ -349,6 +355,20 @@ fn check_metadata(meta: &mut Map<String, Value>, v: &mut ChildCheck) -> String {
                 .is_some_and(|m| m.values().all(Value::is_string));
             if !strings {
                 v.refuse(format!("metadata.{field} must be a map of strings"));
+            }
+            // The host's own keys: which plugin manages a child, which ConfigMap is a plugin.
+            let reserved: Vec<&str> = map
+                .as_object()
+                .into_iter()
+                .flat_map(|m| m.keys())
+                .filter(|k| k.starts_with(RESERVED_PREFIX))
+                .map(String::as_str)
+                .collect();
+            if !reserved.is_empty() {
+                v.refuse(format!(
+                    "metadata.{field} {} are the host's ({RESERVED_PREFIX}* is reserved)",
+                    reserved.join(", ")
+                ));
             }
         }
     }
@@ -688,6 +708,21 @@ mod tests {
                 .children
                 .len(),
             MAX_CHILDREN
+        );
+    }
+
+    #[test]
+    fn the_hosts_keys_are_reserved() {
+        let mut child = cm("a");
+        child["metadata"]["labels"] = json!({"wasmop.io/plugin": "", "app": "x"});
+        child["metadata"]["annotations"] = json!({"wasmop.io/managed-by": "other"});
+        let err = rules(run(Scope::Namespaced, children(vec![child])).unwrap_err());
+        assert_eq!(
+            err,
+            [
+                "child #0 (v1 ConfigMap a): metadata.labels wasmop.io/plugin are the host's (wasmop.io/* is reserved)",
+                "child #0 (v1 ConfigMap a): metadata.annotations wasmop.io/managed-by are the host's (wasmop.io/* is reserved)",
+            ]
         );
     }
 

@@ -173,3 +173,106 @@ async fn a_trapping_plugin_does_not_disturb_the_others() {
     env.wait_nodes("cache", 1).await;
     assert!(host.alive());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_object_of_the_same_name_is_never_taken_over() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    let env = Env::new("e2e-conflict").await;
+    let deployments = env.ns.api::<Deployment>();
+    // A user's Deployment that happens to have the name the plugin will want.
+    let theirs = json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "cache", "labels": {"owner": "someone-else"}},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": "theirs"}},
+            "template": {"metadata": {"labels": {"app": "theirs"}},
+                         "spec": {"containers": [{"name": "c", "image": "nginx:1.27"}]}},
+        },
+    });
+    deployments
+        .patch(
+            "cache",
+            &PatchParams::apply("someone-else"),
+            &Patch::Apply(&theirs),
+        )
+        .await
+        .unwrap();
+    let before = deployments.get("cache").await.unwrap();
+    let wasm = test_artifacts::read(test_artifacts::MEMCACHED);
+    env.put_plugin("memcached", &wasm, None).await;
+    let host = env.start_host();
+    env.put_memcached("cache", 3).await;
+
+    // The parent says why, and an Event names the object.
+    let memcacheds = env.memcacheds();
+    let ready = testenv::wait_until(
+        "Memcached cache to be Ready=False with reason ChildConflict",
+        TIMEOUT,
+        || async {
+            memcacheds
+                .get("cache")
+                .await
+                .map(|m| m.data["status"].clone())
+        },
+        |s| {
+            s["conditions"].as_array().is_some_and(|c| {
+                c.iter()
+                    .any(|c| c["type"] == "Ready" && c["reason"] == "ChildConflict")
+            })
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nhost log:\n{}", host.logs()));
+    let message = ready["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Ready")
+        .unwrap()["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        message.contains(&format!(
+            "Deployment {}/cache exists and is not controlled by this parent",
+            env.name()
+        )),
+        "{message}"
+    );
+    testenv::wait_until(
+        "a Warning Event ChildConflict on Memcached cache",
+        TIMEOUT,
+        || async { Ok::<_, kube::Error>(events_for(&env, "Memcached", "cache").await) },
+        |events| {
+            events
+                .iter()
+                .any(|e| e.reason.as_deref() == Some("ChildConflict"))
+        },
+    )
+    .await
+    .unwrap();
+
+    // Their Deployment is exactly as it was: no write, no owner, same spec.
+    let after = deployments.get("cache").await.unwrap();
+    assert_eq!(after.metadata.owner_references, None, "not adopted");
+    assert_eq!(after.spec, before.spec, "not overwritten");
+    assert_eq!(after.metadata.generation, before.metadata.generation);
+    // Deleting the parent leaves it in place.
+    memcacheds
+        .delete("cache", &Default::default())
+        .await
+        .unwrap();
+    testenv::wait_until(
+        "Memcached cache to be gone",
+        TIMEOUT,
+        || async { memcacheds.get_opt("cache").await },
+        Option::is_none,
+    )
+    .await
+    .unwrap();
+    assert!(
+        deployments.get_opt("cache").await.unwrap().is_some(),
+        "their Deployment stays"
+    );
+}

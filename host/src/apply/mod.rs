@@ -1,5 +1,9 @@
 //! Makes the cluster match a plugin's validated output: server-side apply of every desired
-//! child, then pruning of controlled children that are no longer desired.
+//! child, then pruning of the plugin's own children that are no longer desired.
+//!
+//! A plugin's children are the objects its parent controls that carry [`MANAGED_BY_LABEL`]
+//! with its name. Nothing else is ever written or deleted: a desired child whose name is taken
+//! by any other object is a [`Conflict`], left untouched.
 //!
 //! Nothing is written for a child that is already as desired (see [`diff`]), so a resync at
 //! steady state makes no request at all.
@@ -17,6 +21,7 @@ use kube::api::DynamicObject;
 use serde_json::Value;
 
 use crate::kinds::ResolvedKind;
+use crate::watch::Cache;
 
 /// What one pass over the children did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -46,6 +51,30 @@ pub struct ChildError {
     pub source: kube::Error,
 }
 
+/// A desired child whose name is taken by an object this plugin did not make for this parent:
+/// it is left untouched, never overwritten or adopted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{kind} {namespace}/{name} exists and is {holder}; it is left as it is")]
+pub struct Conflict {
+    /// The child's kind.
+    pub kind: String,
+    /// Its namespace (empty when cluster-scoped).
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// Who holds it, as a phrase: `not controlled by this parent`, `managed by plugin x`.
+    pub holder: String,
+}
+
+/// What kept the children from matching the plugin's answer (the rest was still done).
+#[derive(Debug, Default)]
+pub struct Failures {
+    /// Writes the API server refused.
+    pub errors: Vec<ChildError>,
+    /// Names already taken.
+    pub conflicts: Vec<Conflict>,
+}
+
 /// The children of one parent: what the plugin wants and what the caches hold.
 pub struct Children<'a> {
     /// The declared child kinds, resolved.
@@ -54,10 +83,30 @@ pub struct Children<'a> {
     pub desired: Vec<Value>,
     /// Observed controlled children, per entry of `kinds`.
     pub observed: Vec<Vec<Arc<DynamicObject>>>,
+    /// Every object of each kind, controlled or not, per entry of `kinds`: to tell a free name
+    /// from a taken one.
+    pub existing: &'a [Arc<Cache>],
     /// The owner reference every child gets.
     pub owner: OwnerReference,
+    /// The plugin's name: the value of [`MANAGED_BY_LABEL`] on every child it writes.
+    pub plugin: &'a str,
     /// `wasmop/<plugin>`.
     pub field_manager: &'a str,
+}
+
+/// The label on every child the host writes for a plugin, naming the plugin. Only children
+/// carrying it with the plugin's name are the plugin's to update and prune; other objects the
+/// parent controls (a Deployment's ReplicaSets, another plugin's children) are left alone. It
+/// is not `wasmop.io/plugin`, which marks plugin ConfigMaps: a child must never become one.
+pub const MANAGED_BY_LABEL: &str = "wasmop.io/managed-by";
+
+/// Whether `obj` was written by the host for `plugin`.
+pub fn managed_by(obj: &DynamicObject, plugin: &str) -> bool {
+    obj.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(MANAGED_BY_LABEL))
+        .is_some_and(|p| p == plugin)
 }
 
 /// A child's namespace and name.
@@ -67,15 +116,17 @@ type ChildKey<'a> = (Option<&'a str>, &'a str);
 pub async fn reconcile_children(
     client: &Client,
     children: Children<'_>,
-) -> Result<Report, Vec<ChildError>> {
+) -> Result<Report, Failures> {
     let mut report = Report::default();
-    let mut errors = Vec::new();
-    // Indexed, so matching desired to observed stays linear in the number of children.
-    let observed: Vec<HashMap<ChildKey, &Arc<DynamicObject>>> = children
+    let mut failures = Failures::default();
+    // Indexed, so matching desired to observed stays linear in the number of children. Only
+    // this plugin's own children count as observed.
+    let ours: Vec<HashMap<ChildKey, &Arc<DynamicObject>>> = children
         .observed
         .iter()
         .map(|objs| {
             objs.iter()
+                .filter(|o| managed_by(o, children.plugin))
                 .map(|o| {
                     let key = (
                         o.metadata.namespace.as_deref(),
@@ -105,13 +156,23 @@ pub async fn reconcile_children(
             .unwrap_or_default()
             .to_string();
         let namespace = child["metadata"]["namespace"].as_str().map(str::to_string);
+        keep[idx].insert((namespace.clone(), name.clone()));
+        let current = ours[idx].get(&(namespace.as_deref(), name.as_str()));
+        if current.is_none()
+            && let Some(taken) = children.existing[idx].get(namespace.as_deref(), &name)
+        {
+            failures.conflicts.push(Conflict {
+                kind: kind_name,
+                namespace: namespace.unwrap_or_default(),
+                name,
+                holder: holder(&taken, &children.owner.uid),
+            });
+            continue;
+        }
         diff::stamp(&mut child);
         ssa::set_owner(&mut child, &children.owner);
-
-        let current = observed[idx]
-            .get(&(namespace.as_deref(), name.as_str()))
-            .map(|o| serde_json::to_value(o.as_ref()).expect("object serialises"));
-        keep[idx].insert((namespace.clone(), name.clone()));
+        child["metadata"]["labels"][MANAGED_BY_LABEL] = Value::from(children.plugin);
+        let current = current.map(|o| serde_json::to_value(o.as_ref()).expect("object serialises"));
         if current.is_some_and(|c| diff::is_subset(&child, &c)) {
             report.unchanged += 1;
             continue;
@@ -127,7 +188,7 @@ pub async fn reconcile_children(
         .await
         {
             Ok(()) => report.applied += 1,
-            Err(source) => errors.push(ChildError {
+            Err(source) => failures.errors.push(ChildError {
                 action: "apply",
                 kind: kind_name,
                 namespace: namespace.unwrap_or_default(),
@@ -138,7 +199,7 @@ pub async fn reconcile_children(
     }
 
     for (idx, kind) in children.kinds.iter().enumerate() {
-        for obj in &children.observed[idx] {
+        for obj in ours[idx].values() {
             let key = (
                 obj.metadata.namespace.clone(),
                 obj.metadata.name.clone().unwrap_or_default(),
@@ -148,7 +209,7 @@ pub async fn reconcile_children(
             }
             match prune::delete(client, kind, obj).await {
                 Ok(()) => report.pruned += 1,
-                Err(source) => errors.push(ChildError {
+                Err(source) => failures.errors.push(ChildError {
                     action: "prune",
                     kind: kind.kind.kind.clone(),
                     namespace: key.0.unwrap_or_default(),
@@ -159,9 +220,95 @@ pub async fn reconcile_children(
         }
     }
 
-    if errors.is_empty() {
+    if failures.errors.is_empty() && failures.conflicts.is_empty() {
         Ok(report)
     } else {
-        Err(errors)
+        Err(failures)
+    }
+}
+
+/// Who holds an object whose name a child wants, for the conflict's message.
+fn holder(obj: &DynamicObject, parent_uid: &str) -> String {
+    let controller = obj
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true));
+    match controller {
+        Some(o) if o.uid == parent_uid => match obj
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(MANAGED_BY_LABEL))
+        {
+            Some(plugin) => format!("managed by plugin {plugin}"),
+            None => "controlled by this parent, but not written by this plugin".to_string(),
+        },
+        Some(o) => format!("controlled by {} {}", o.kind, o.name),
+        None => "not controlled by this parent".to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+    use kube::api::ApiResource;
+    use kube::core::GroupVersionKind;
+
+    use super::*;
+
+    fn deployment(owner: Option<(&str, &str)>, plugin: Option<&str>) -> DynamicObject {
+        let gvk = GroupVersionKind::gvk("apps", "v1", "Deployment");
+        let mut obj = DynamicObject::new("cache", &ApiResource::from_gvk(&gvk));
+        obj.metadata.owner_references = owner.map(|(kind, uid)| {
+            vec![OwnerReference {
+                kind: kind.into(),
+                name: "cache".into(),
+                uid: uid.into(),
+                controller: Some(true),
+                ..Default::default()
+            }]
+        });
+        obj.metadata.labels =
+            plugin.map(|p| [(MANAGED_BY_LABEL.to_string(), p.to_string())].into());
+        obj
+    }
+
+    #[test]
+    fn only_the_plugins_own_children_are_its_to_touch() {
+        assert!(managed_by(
+            &deployment(Some(("Memcached", "u1")), Some("memcached")),
+            "memcached"
+        ));
+        assert!(!managed_by(
+            &deployment(Some(("Memcached", "u1")), Some("rival")),
+            "memcached"
+        ));
+        assert!(!managed_by(
+            &deployment(Some(("Memcached", "u1")), None),
+            "memcached"
+        ));
+    }
+
+    #[test]
+    fn a_conflict_says_who_holds_the_name() {
+        let holder = |d: DynamicObject| holder(&d, "u1");
+        assert_eq!(
+            holder(deployment(None, None)),
+            "not controlled by this parent"
+        );
+        assert_eq!(
+            holder(deployment(Some(("Rollout", "u2")), None)),
+            "controlled by Rollout cache"
+        );
+        assert_eq!(
+            holder(deployment(Some(("Memcached", "u1")), Some("rival"))),
+            "managed by plugin rival"
+        );
+        assert_eq!(
+            holder(deployment(Some(("Memcached", "u1")), None)),
+            "controlled by this parent, but not written by this plugin"
+        );
     }
 }

@@ -13,7 +13,7 @@ use std::fmt;
 
 use wasmop_contract::ValidationError;
 
-use crate::apply::ChildError;
+use crate::apply::{ChildError, Conflict};
 use crate::sandbox::{PluginError, PluginErrorKind};
 use crate::watch::ObjKey;
 
@@ -32,6 +32,9 @@ pub enum ReconcileError {
     /// Children could not be applied or pruned (every failure, the first as the source).
     #[error("{}", join(.0))]
     Apply(Vec<ChildError>),
+    /// Desired children whose names other objects hold; those were left untouched.
+    #[error("{}", join(.0))]
+    ChildConflict(Vec<Conflict>),
     /// The parent's status could not be written.
     #[error("writing the status: {0}")]
     Status(#[source] kube::Error),
@@ -46,7 +49,7 @@ pub enum ReconcileError {
     },
 }
 
-fn join(errors: &[ChildError]) -> String {
+fn join(errors: &[impl ToString]) -> String {
     errors
         .iter()
         .map(ToString::to_string)
@@ -62,6 +65,7 @@ impl ReconcileError {
             // The same fault as the sandbox's `InvalidOutput`, so the same word.
             Self::InvalidSelector(_) | Self::InvalidOutput(_) => "InvalidPluginOutput",
             Self::Apply(_) => "ApplyFailed",
+            Self::ChildConflict(_) => "ChildConflict",
             Self::Status(_) => "StatusWriteFailed",
             Self::Finalizer { .. } => "FinalizerUpdateFailed",
         }
@@ -85,7 +89,10 @@ impl ReconcileError {
                 | PluginErrorKind::Internal(_) => false,
             },
             Self::InvalidSelector(_) | Self::InvalidOutput(_) => true,
-            Self::Apply(_) | Self::Status(_) | Self::Finalizer { .. } => false,
+            // The cluster's state, not the plugin's: the holder may go away.
+            Self::Apply(_) | Self::ChildConflict(_) | Self::Status(_) | Self::Finalizer { .. } => {
+                false
+            }
         }
     }
 }

@@ -153,11 +153,13 @@ async fn steps(
     // 5. Children.
     let applied = match step.apply_children(children).await {
         Ok(report) => report,
-        Err(errors) => {
-            return Err(Failure {
-                error: ReconcileError::Apply(errors),
-                status,
-            });
+        Err(failures) => {
+            let error = if failures.errors.is_empty() {
+                ReconcileError::ChildConflict(failures.conflicts)
+            } else {
+                ReconcileError::Apply(failures.errors)
+            };
+            return Err(Failure { error, status });
         }
     };
     // 6. Status, only when it changed. Right after children changed it would describe what
@@ -313,11 +315,8 @@ impl<'a> Step<'a> {
         validate::validate(&target, response).map_err(ReconcileError::InvalidOutput)
     }
 
-    /// Applies the desired children and prunes the controlled ones no longer desired.
-    async fn apply_children(
-        &self,
-        desired: Vec<Value>,
-    ) -> Result<apply::Report, Vec<apply::ChildError>> {
+    /// Applies the desired children and prunes this plugin's ones no longer desired.
+    async fn apply_children(&self, desired: Vec<Value>) -> Result<apply::Report, apply::Failures> {
         let kinds = &self.shared.kinds;
         let uid = self.parent.metadata.uid.clone().unwrap_or_default();
         let field_manager = self.manifest().field_manager();
@@ -335,6 +334,8 @@ impl<'a> Step<'a> {
                 &kinds.parent.kind.api_version,
                 &kinds.parent.kind.kind,
             ),
+            existing: &self.shared.children,
+            plugin: &self.manifest().name,
             field_manager: &field_manager,
         };
         let report = apply::reconcile_children(&self.shared.client, children).await?;
