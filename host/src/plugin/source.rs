@@ -265,6 +265,24 @@ mod tests {
     }
 
     #[test]
+    fn an_alias_bomb_in_the_settings_is_refused() {
+        // 702 bytes that would expand to 10^12 elements.
+        let mut doc = String::from("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
+        for i in 1..12 {
+            let p = i - 1;
+            let row = vec![format!("*a{p}"); 10].join(", ");
+            doc.push_str(&format!("a{i}: &a{i} [{row}]\n"));
+        }
+        let err = read(
+            &cm(&[("a.wasm", vec![])], &[(SETTINGS_KEY, doc.as_str())], &[]),
+            &Limits::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(err, "settings.yaml: repetition limit exceeded");
+    }
+
+    #[test]
     fn errors_name_what_is_wrong() {
         let none = read(&cm(&[("notes.txt", vec![1])], &[], &[]), &Limits::default());
         assert_eq!(
