@@ -20,6 +20,7 @@ fn main() {
     let sandbox = Sandbox::new(SandboxConfig {
         max_instances: 4,
         cache_dir: None,
+        ..SandboxConfig::default()
     })
     .expect("sandbox");
     let plugin = sandbox

@@ -68,6 +68,10 @@ pub struct RunArgs {
     /// Default sandbox limits, for plugins whose ConfigMap sets none.
     #[command(flatten)]
     pub limits: LimitArgs,
+    /// Linear memory all plugin calls together may hold, in MiB, whatever each plugin's cap:
+    /// a call that would pass it fails (and is retried) instead of growing the host.
+    #[arg(long, default_value_t = config::SANDBOX_MEMORY_MIB)]
+    pub sandbox_memory_mib: u64,
     /// Parents reconciled at the same time, per plugin.
     #[arg(long, default_value_t = config::CONCURRENCY)]
     pub concurrency: usize,

@@ -55,6 +55,10 @@ pub const BACKOFF_BASE: Duration = Duration::from_millis(250);
 /// Longest retry delay after failed reconciles.
 pub const BACKOFF_MAX: Duration = Duration::from_secs(300);
 
+/// Linear memory all plugin calls together may hold, in MiB (`--sandbox-memory-mib`): with the
+/// host's own baseline it fits the 256 Mi limit of `deploy/`.
+pub const SANDBOX_MEMORY_MIB: u64 = 160;
+
 /// Plugin calls that may run at once over all plugins; more wait for a slot.
 pub const MAX_INSTANCES: u32 = 64;
 

@@ -26,6 +26,8 @@ fn sandbox() -> &'static Sandbox {
         Sandbox::new(SandboxConfig {
             max_instances: 8,
             cache_dir: None,
+            // Room for every test's calls at once; the budget has a test of its own.
+            memory_budget: 1 << 30,
         })
         .expect("sandbox")
     })
@@ -341,6 +343,38 @@ fn clocks_and_randomness_are_deterministic() {
 }
 
 #[test]
+fn the_hosts_memory_budget_bounds_a_plugin_whatever_its_cap() {
+    // A plugin allowed 64 MiB in a host whose calls may hold 24 MiB together.
+    let sandbox = Sandbox::new(SandboxConfig {
+        max_instances: 2,
+        cache_dir: None,
+        memory_budget: 24 << 20,
+    })
+    .unwrap();
+    let wasm = test_artifacts::read(test_artifacts::ADVERSARIAL);
+    let limits = Limits {
+        memory_bytes: 64 << 20,
+        ..LIMITS
+    };
+    let plugin = sandbox.load_blocking(&wasm, limits).unwrap();
+    let err = plugin.reconcile_blocking(&request("memory")).unwrap_err();
+    let PluginErrorKind::Internal(detail) = &err.kind else {
+        panic!("expected the host's budget, got {err}");
+    };
+    assert_eq!(
+        detail,
+        "the host's sandbox memory budget (24 MiB) was taken by other calls"
+    );
+    assert_eq!(
+        sandbox.memory_budget().in_use(),
+        0,
+        "given back when the call ends"
+    );
+    plugin.reconcile_blocking(&request("normal")).unwrap();
+    assert_eq!(sandbox.memory_budget().in_use(), 0);
+}
+
+#[test]
 fn log_flood_is_bounded_and_the_call_succeeds() {
     let plugin = adversarial();
     let resp = plugin.reconcile_blocking(&request("log-flood")).unwrap();
@@ -464,6 +498,7 @@ fn async_calls_run_concurrently_on_a_small_pool() {
     let sandbox = Sandbox::new(SandboxConfig {
         max_instances: 2,
         cache_dir: None,
+        ..SandboxConfig::default()
     })
     .unwrap();
     let wasm = test_artifacts::read(test_artifacts::ADVERSARIAL);
@@ -551,6 +586,7 @@ fn disk_cache_survives_restarts_and_corruption() {
     let config = SandboxConfig {
         max_instances: 2,
         cache_dir: Some(dir.clone()),
+        ..SandboxConfig::default()
     };
     let wasm = test_artifacts::read(test_artifacts::ADVERSARIAL);
     let first = Sandbox::new(config.clone()).unwrap();

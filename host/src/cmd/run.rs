@@ -12,7 +12,7 @@ use kube::Client;
 use tracing_subscriber::EnvFilter;
 
 use crate::cli::{LogFormat, RunArgs};
-use crate::sandbox::Limits;
+use crate::sandbox::{Limits, SandboxConfig};
 use crate::{Host, HostConfig, LeaderElection, config, controller};
 
 /// Where a pod finds its own namespace.
@@ -45,6 +45,10 @@ pub fn host_config(args: RunArgs) -> HostConfig {
             resync: Duration::from_secs(args.resync_seconds.max(1)),
             debounce: Duration::from_millis(args.debounce_ms),
             ..Default::default()
+        },
+        sandbox: SandboxConfig {
+            memory_budget: args.sandbox_memory_mib.saturating_mul(1 << 20),
+            ..SandboxConfig::default()
         },
         probe_addr: args.probe_addr,
         metrics_addr: args.metrics_addr,
@@ -120,6 +124,7 @@ mod tests {
         assert_eq!(config.controller.debounce, defaults.controller.debounce);
         assert_eq!(config.probe_addr, defaults.probe_addr);
         assert_eq!(config.metrics_addr, defaults.metrics_addr);
+        assert_eq!(config.sandbox.memory_budget, defaults.sandbox.memory_budget);
         assert!(config.leader_election.is_none());
     }
 

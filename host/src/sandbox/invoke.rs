@@ -22,7 +22,10 @@ use super::bindings::wasmop::plugin::host::{self, Level};
 use super::bindings::{Plugin as Bindings, PluginPre};
 use super::engine::EPOCH_PERIOD;
 use super::error::{Call, PluginErrorKind};
-use super::limits::{Limits, MemoryLimiter};
+use std::sync::Arc;
+
+use super::error::human_bytes;
+use super::limits::{Limits, MemoryBudget, MemoryLimiter};
 use super::output::TailSink;
 use crate::text::truncate;
 
@@ -93,6 +96,8 @@ pub(crate) struct Invocation<'a> {
     pub engine: &'a Engine,
     pub pre: &'a PluginPre<CallState>,
     pub limits: &'a Limits,
+    /// The host's memory budget, shared by every call.
+    pub budget: &'a Arc<MemoryBudget>,
     /// The manifest name, or `<unknown>` while probing.
     pub plugin: &'a str,
     pub call: Call,
@@ -114,7 +119,7 @@ impl Invocation<'_> {
         let state = CallState {
             wasi,
             table: ResourceTable::new(),
-            limiter: MemoryLimiter::new(self.limits.memory_bytes),
+            limiter: MemoryLimiter::new(self.limits.memory_bytes, self.budget.clone()),
             log: GuestLog {
                 plugin: self.plugin.to_owned(),
                 lines: 0,
@@ -159,6 +164,13 @@ impl Invocation<'_> {
                 call,
                 limit: self.limits.memory_bytes,
             };
+        }
+        // The host's limit, not the plugin's: a retry when other calls are done may succeed.
+        if store.data().limiter.budget_hit() {
+            return PluginErrorKind::Internal(format!(
+                "the host's sandbox memory budget ({}) was taken by other calls",
+                human_bytes(self.budget.limit())
+            ));
         }
         if let Some(trap) = err.downcast_ref::<Trap>() {
             if *trap == Trap::Interrupt {

@@ -6,6 +6,8 @@
 //! and aborts with `unreachable`, which looks exactly like a panic unless the store says the cap
 //! was hit first.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use wasmtime::ResourceLimiter;
@@ -72,31 +74,100 @@ impl Limits {
     }
 }
 
-/// Caps the linear memory of one store and records whether the cap was hit.
+/// What every call of every plugin shares: the instance slots and the memory budget.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    /// A permit per pool slot; a call holds one while it runs.
+    pub slots: Arc<tokio::sync::Semaphore>,
+    /// The linear memory all calls may hold together.
+    pub budget: Arc<MemoryBudget>,
+}
+
+/// The linear memory all calls together may hold, whatever each plugin's cap says: the host's
+/// own memory is bounded by it plus its baseline, so no plugin can grow the pod past its limit.
+#[derive(Debug)]
+pub struct MemoryBudget {
+    limit: u64,
+    used: AtomicU64,
+}
+
+impl MemoryBudget {
+    /// A budget of `limit` bytes.
+    pub fn new(limit: u64) -> Self {
+        Self {
+            limit,
+            used: AtomicU64::new(0),
+        }
+    }
+
+    /// The budget in bytes.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Bytes held by calls running now.
+    pub fn in_use(&self) -> u64 {
+        self.used.load(Ordering::Acquire)
+    }
+
+    /// Takes `bytes` if they fit.
+    fn try_take(&self, bytes: u64) -> bool {
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(bytes).filter(|&total| total <= self.limit)
+            })
+            .is_ok()
+    }
+
+    fn give(&self, bytes: u64) {
+        self.used.fetch_sub(bytes, Ordering::AcqRel);
+    }
+}
+
+/// Caps the linear memory of one store, draws it from the host's [`MemoryBudget`], and
+/// records which of the two refused a growth.
 #[derive(Debug)]
 pub(crate) struct MemoryLimiter {
     cap: usize,
     hit: bool,
+    budget: Arc<MemoryBudget>,
+    // Bytes this store holds of the budget; given back when the store is dropped.
+    granted: u64,
+    budget_hit: bool,
 }
 
 impl MemoryLimiter {
-    pub(crate) fn new(cap: u64) -> Self {
+    pub(crate) fn new(cap: u64, budget: Arc<MemoryBudget>) -> Self {
         Self {
             cap: usize::try_from(cap).unwrap_or(usize::MAX),
             hit: false,
+            budget,
+            granted: 0,
+            budget_hit: false,
         }
     }
 
-    /// Whether a growth was refused in this store.
+    /// Whether a growth past the plugin's own cap was refused in this store.
     pub(crate) fn hit(&self) -> bool {
         self.hit
+    }
+
+    /// Whether a growth was refused because other calls hold the host's budget.
+    pub(crate) fn budget_hit(&self) -> bool {
+        self.budget_hit
+    }
+}
+
+impl Drop for MemoryLimiter {
+    fn drop(&mut self) {
+        self.budget.give(self.granted);
     }
 }
 
 impl ResourceLimiter for MemoryLimiter {
     fn memory_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
@@ -104,6 +175,12 @@ impl ResourceLimiter for MemoryLimiter {
             self.hit = true;
             return Ok(false);
         }
+        let more = u64::try_from(desired.saturating_sub(current)).unwrap_or(u64::MAX);
+        if !self.budget.try_take(more) {
+            self.budget_hit = true;
+            return Ok(false);
+        }
+        self.granted += more;
         Ok(true)
     }
 
@@ -157,10 +234,31 @@ mod tests {
 
     #[test]
     fn limiter_flags_the_cap() {
-        let mut limiter = MemoryLimiter::new(1 << 20);
+        let budget = Arc::new(MemoryBudget::new(1 << 30));
+        let mut limiter = MemoryLimiter::new(1 << 20, budget);
         assert!(limiter.memory_growing(0, 1 << 20, None).unwrap());
         assert!(!limiter.hit());
         assert!(!limiter.memory_growing(1 << 20, 2 << 20, None).unwrap());
         assert!(limiter.hit());
+        assert!(!limiter.budget_hit());
+    }
+
+    #[test]
+    fn stores_share_the_budget_and_give_it_back() {
+        let budget = Arc::new(MemoryBudget::new(3 << 20));
+        let mut one = MemoryLimiter::new(64 << 20, budget.clone());
+        let mut two = MemoryLimiter::new(64 << 20, budget.clone());
+        assert!(one.memory_growing(0, 2 << 20, None).unwrap());
+        assert!(
+            !two.memory_growing(0, 2 << 20, None).unwrap(),
+            "only 1 MiB left"
+        );
+        assert!(two.budget_hit() && !two.hit());
+        assert!(two.memory_growing(0, 1 << 20, None).unwrap());
+        assert_eq!(budget.in_use(), 3 << 20);
+        drop(one);
+        assert_eq!(budget.in_use(), 1 << 20);
+        drop(two);
+        assert_eq!(budget.in_use(), 0);
     }
 }

@@ -47,13 +47,14 @@ use wasmtime::Engine;
 use wasmtime::component::{HasSelf, Linker};
 
 pub use error::{Call, PluginError, PluginErrorKind, SandboxError, UNKNOWN_PLUGIN};
-pub use limits::{Limits, MEMORY_CEILING};
+pub use limits::{Limits, MEMORY_CEILING, MemoryBudget};
 pub use plugin::Plugin;
 
 use crate::text::hex;
 use bindings::{Plugin as Bindings, PluginPre};
 use cache::ArtifactCache;
 use invoke::{CallState, Invocation, error_chain};
+use limits::Shared;
 
 /// How a [`Sandbox`] is set up.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,6 +65,9 @@ pub struct SandboxConfig {
     /// Where compiled components are cached across restarts; `None` keeps them in memory only.
     /// Default: `$XDG_CACHE_HOME/wasmop`, else `~/.cache/wasmop`, if it can be written to.
     pub cache_dir: Option<PathBuf>,
+    /// Linear memory all calls together may hold, in bytes, whatever each plugin's cap says.
+    /// Default [`crate::config::SANDBOX_MEMORY_MIB`] MiB.
+    pub memory_budget: u64,
 }
 
 impl Default for SandboxConfig {
@@ -71,6 +75,7 @@ impl Default for SandboxConfig {
         Self {
             max_instances: crate::config::MAX_INSTANCES,
             cache_dir: default_cache_dir(),
+            memory_budget: crate::config::SANDBOX_MEMORY_MIB << 20,
         }
     }
 }
@@ -104,13 +109,14 @@ struct Inner {
     engine: Engine,
     linker: Linker<CallState>,
     cache: ArtifactCache,
-    slots: Arc<Semaphore>,
+    shared: Arc<Shared>,
 }
 
 impl std::fmt::Debug for Sandbox {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Sandbox")
-            .field("slots", &self.inner.slots.available_permits())
+            .field("slots", &self.inner.shared.slots.available_permits())
+            .field("memory_in_use", &self.inner.shared.budget.in_use())
             .finish_non_exhaustive()
     }
 }
@@ -124,15 +130,23 @@ impl Sandbox {
         Bindings::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |state| state)
             .map_err(|e| SandboxError::Linker(e.into()))?;
         let cache = ArtifactCache::new(&engine, cfg.cache_dir.as_deref());
-        let slots = Arc::new(Semaphore::new(cfg.max_instances.max(1) as usize));
+        let shared = Arc::new(Shared {
+            slots: Arc::new(Semaphore::new(cfg.max_instances.max(1) as usize)),
+            budget: Arc::new(MemoryBudget::new(cfg.memory_budget)),
+        });
         Ok(Self {
             inner: Arc::new(Inner {
                 engine,
                 linker,
                 cache,
-                slots,
+                shared,
             }),
         })
+    }
+
+    /// The memory budget all calls draw from.
+    pub fn memory_budget(&self) -> &MemoryBudget {
+        &self.inner.shared.budget
     }
 
     /// Loads a plugin without blocking the async runtime: compilation and the probe run on a
@@ -187,12 +201,13 @@ impl Sandbox {
             .map_err(|e| fail(PluginErrorKind::WrongInterface(error_chain(&e))))?;
 
         let manifest = {
-            let _slot = futures::executor::block_on(self.inner.slots.acquire())
+            let _slot = futures::executor::block_on(self.inner.shared.slots.acquire())
                 .map_err(|e| fail(PluginErrorKind::Internal(e.to_string())))?;
             Invocation {
                 engine: &self.inner.engine,
                 pre: &pre,
                 limits: &limits,
+                budget: &self.inner.shared.budget,
                 plugin: UNKNOWN_PLUGIN,
                 call: Call::Manifest,
                 probing: true,
@@ -228,7 +243,7 @@ impl Sandbox {
             limits,
             self.inner.engine.clone(),
             pre,
-            Arc::clone(&self.inner.slots),
+            Arc::clone(&self.inner.shared),
         ))
     }
 }

@@ -9,7 +9,6 @@
 use std::sync::Arc;
 
 use serde_json::Value;
-use tokio::sync::Semaphore;
 use wasmop_contract::validate::MAX_SELECTORS;
 use wasmop_contract::wire::{WireRequest, WireResponse};
 use wasmop_contract::{Manifest, RelatedSelector};
@@ -18,7 +17,7 @@ use wasmtime::Engine;
 use super::bindings::PluginPre;
 use super::error::{Call, PluginError, PluginErrorKind};
 use super::invoke::{CallState, Invocation};
-use super::limits::Limits;
+use super::limits::{Limits, Shared};
 use super::manifest::{SelectorProblem, selector_from_wit};
 use crate::text::truncate;
 
@@ -38,7 +37,7 @@ struct Inner {
     limits: Limits,
     engine: Engine,
     pre: PluginPre<CallState>,
-    slots: Arc<Semaphore>,
+    shared: Arc<Shared>,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -60,7 +59,7 @@ impl Plugin {
         limits: Limits,
         engine: Engine,
         pre: PluginPre<CallState>,
-        slots: Arc<Semaphore>,
+        shared: Arc<Shared>,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -70,7 +69,7 @@ impl Plugin {
                 limits,
                 engine,
                 pre,
-                slots,
+                shared,
             }),
         }
     }
@@ -138,7 +137,7 @@ impl Plugin {
     }
 
     fn wait_slot_blocking(&self) -> Result<tokio::sync::SemaphorePermit<'_>, PluginError> {
-        futures::executor::block_on(self.inner.slots.acquire())
+        futures::executor::block_on(self.inner.shared.slots.acquire())
             .map_err(|e| self.error(PluginErrorKind::Internal(e.to_string())))
     }
 
@@ -147,7 +146,7 @@ impl Plugin {
         &self,
         f: impl FnOnce(&Plugin) -> Result<R, PluginError> + Send + 'static,
     ) -> Result<R, PluginError> {
-        let slot = Arc::clone(&self.inner.slots)
+        let slot = Arc::clone(&self.inner.shared.slots)
             .acquire_owned()
             .await
             .map_err(|e| self.error(PluginErrorKind::Internal(e.to_string())))?;
@@ -170,6 +169,7 @@ impl Plugin {
             engine: &self.inner.engine,
             pre: &self.inner.pre,
             limits: &self.inner.limits,
+            budget: &self.inner.shared.budget,
             plugin: &self.inner.manifest.name,
             call,
             probing: false,

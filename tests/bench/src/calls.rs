@@ -34,6 +34,7 @@ pub fn measure(wasm: &Path, calls: u32) -> Result<Vec<CallCost>> {
     let sandbox = Sandbox::new(SandboxConfig {
         max_instances: 4,
         cache_dir: None,
+        ..SandboxConfig::default()
     })?;
     let plugin = sandbox.load_blocking(&bytes, Limits::default())?;
     POD_COUNTS
