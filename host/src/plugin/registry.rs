@@ -9,6 +9,9 @@
 //! Each state change is an Event of its own whose note names the version now running and the
 //! one it replaced; none is folded into an earlier one.
 //!
+//! A plugin's name and its parent kind are each served by one plugin at a time: a second is
+//! refused (`LoadFailed`), since two plugins on one parent would fight over its status.
+//!
 //! Deleting a ConfigMap stops its controller and leaves the children in place: they belong to
 //! their parents, not to the plugin.
 
@@ -23,6 +26,7 @@ use kube::runtime::events::{Event, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
 use tokio::sync::mpsc;
+use wasmop_contract::Manifest;
 
 use super::load::{LoadError, Loaded, Loader};
 use super::notice::Notice;
@@ -314,17 +318,14 @@ impl Registry {
     }
 
     async fn activate(&mut self, configmap: &str, loaded: Loaded, kinds: Kinds) {
-        let name = &loaded.plugin.manifest().name;
-        let clash = self.slots.iter().find(|(cm, s)| {
-            cm.as_str() != configmap
-                && s.running
-                    .as_ref()
-                    .is_some_and(|r| &r.loaded.plugin.manifest().name == name)
-        });
-        if let Some((other, _)) = clash {
-            let msg = format!(
-                "plugin name {name:?} is already served by ConfigMap {other}; names must be unique"
-            );
+        let others = self
+            .slots
+            .iter()
+            .filter(|(cm, _)| cm.as_str() != configmap)
+            .filter_map(|(cm, s)| {
+                Some((cm.as_str(), s.running.as_ref()?.loaded.plugin.manifest()))
+            });
+        if let Some(msg) = clash(loaded.plugin.manifest(), others) {
             let slot = self.slots.get_mut(configmap).expect("slot exists");
             slot.state = State::Failed(msg.clone());
             let cm = slot.configmap.clone();
@@ -431,6 +432,30 @@ impl Registry {
     }
 }
 
+/// Why `manifest` may not run beside the plugins that do (`(configmap, manifest)` each): a
+/// name must be unique (it names the field manager and the finalizer), and so must a parent
+/// kind: two plugins on one parent would fight over its status and `Ready` condition.
+fn clash<'a>(
+    manifest: &Manifest,
+    mut running: impl Iterator<Item = (&'a str, &'a Manifest)>,
+) -> Option<String> {
+    running.find_map(|(configmap, other)| {
+        if other.name == manifest.name {
+            Some(format!(
+                "plugin name {:?} is already served by ConfigMap {configmap}; names must be unique",
+                manifest.name
+            ))
+        } else if other.parent.same_resource(&manifest.parent) {
+            Some(format!(
+                "parent kind {} is already reconciled by plugin {} (ConfigMap {configmap}); one plugin per parent kind",
+                manifest.parent, other.name
+            ))
+        } else {
+            None
+        }
+    })
+}
+
 fn count_load(configmap: &str, result: &'static str) {
     metrics()
         .plugin_loads
@@ -454,5 +479,32 @@ fn set_info(configmap: &str, old: Option<&Loaded>, new: Option<&Loaded>) {
     }
     if let Some(new) = new {
         metrics().plugin_info.get_or_create(&labels(new)).set(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_parent_kinds_are_one_plugin_each() {
+        let memcached = Manifest::new("memcached", "0.1.0")
+            .parent_raw("cache.example.com/v1alpha1", "Memcached");
+        let rival = Manifest::new("rival", "0.1.0").parent_raw("cache.example.com/v1", "Memcached");
+        let web = Manifest::new("web", "0.1.0").parent_raw("example.com/v1", "WebApp");
+        let running = [("memcached", &memcached), ("web", &web)];
+        assert_eq!(
+            clash(&rival, running.into_iter()).as_deref(),
+            Some(
+                "parent kind cache.example.com/v1 Memcached is already reconciled by plugin memcached (ConfigMap memcached); one plugin per parent kind"
+            )
+        );
+        let renamed = Manifest::new("web", "0.2.0").parent_raw("example.com/v1", "Other");
+        assert_eq!(
+            clash(&renamed, running.into_iter()).as_deref(),
+            Some("plugin name \"web\" is already served by ConfigMap web; names must be unique")
+        );
+        let fine = Manifest::new("gateway", "0.1.0").parent_raw("net.example.com/v1", "Gateway");
+        assert_eq!(clash(&fine, running.into_iter()), None);
     }
 }
