@@ -59,6 +59,10 @@ pub const BACKOFF_MAX: Duration = Duration::from_secs(300);
 /// host's own baseline it fits the 256 Mi limit of `deploy/`.
 pub const SANDBOX_MEMORY_MIB: u64 = 160;
 
+/// What the on-disk compile cache may hold, in MiB: half the 128 Mi `emptyDir` of `deploy/`
+/// (a compiled plugin takes one or two).
+pub const COMPILE_CACHE_MIB: u64 = 64;
+
 /// Plugin calls that may run at once over all plugins; more wait for a slot.
 pub const MAX_INSTANCES: u32 = 64;
 

@@ -28,6 +28,7 @@ fn sandbox() -> &'static Sandbox {
             cache_dir: None,
             // Room for every test's calls at once; the budget has a test of its own.
             memory_budget: 1 << 30,
+            ..SandboxConfig::default()
         })
         .expect("sandbox")
     })
@@ -349,6 +350,7 @@ fn the_hosts_memory_budget_bounds_a_plugin_whatever_its_cap() {
         max_instances: 2,
         cache_dir: None,
         memory_budget: 24 << 20,
+        ..SandboxConfig::default()
     })
     .unwrap();
     let wasm = test_artifacts::read(test_artifacts::ADVERSARIAL);

@@ -45,6 +45,9 @@ fn give_back_freed_memory() {
 pub(crate) struct ArtifactCache {
     /// `<dir>/components/<engine>`, or `None` for memory only.
     dir: Option<PathBuf>,
+    /// Bytes the disk cache may hold, over every engine's directory; the least recently used
+    /// artifacts go first.
+    max_disk_bytes: u64,
     memory: Mutex<MemoryCache>,
 }
 
@@ -55,9 +58,10 @@ struct MemoryCache {
 }
 
 impl ArtifactCache {
-    pub(crate) fn new(engine: &Engine, dir: Option<&Path>) -> Self {
+    pub(crate) fn new(engine: &Engine, dir: Option<&Path>, max_disk_bytes: u64) -> Self {
         Self {
             dir: dir.map(|d| d.join("components").join(engine_key(engine))),
+            max_disk_bytes,
             memory: Mutex::default(),
         }
     }
@@ -119,6 +123,11 @@ impl ArtifactCache {
             tracing::warn!(path = %artifact.display(), "cached artifact fails its checksum; recompiling");
             return None;
         }
+        // Recently used, for eviction.
+        let _ = std::fs::File::options()
+            .write(true)
+            .open(&artifact)
+            .and_then(|f| f.set_modified(std::time::SystemTime::now()));
         #[allow(unsafe_code)]
         // SAFETY: wasmtime requires the bytes to come from `Component::serialize` of a
         // compatible engine. This cache wrote them (under a directory keyed by the engine's
@@ -151,7 +160,56 @@ impl ArtifactCache {
         if let Err(e) = result {
             tracing::warn!(path = %artifact.display(), error = %e, "cannot write the artifact cache");
         }
+        // `<dir>/components`: older engines' artifacts count too.
+        if let Some(root) = artifact.parent().and_then(Path::parent) {
+            let removed = evict(root, self.max_disk_bytes, &artifact);
+            if removed > 0 {
+                tracing::info!(
+                    removed,
+                    limit = self.max_disk_bytes,
+                    "evicted least recently used compiled artifacts"
+                );
+            }
+        }
     }
+}
+
+/// Deletes the least recently used artifacts (and their checksums) under `root/*/` until they
+/// take at most `max_bytes`, never `keep`. Returns how many went.
+fn evict(root: &Path, max_bytes: u64, keep: &Path) -> usize {
+    let mut artifacts: Vec<(std::time::SystemTime, u64, PathBuf)> = std::fs::read_dir(root)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .flat_map(|engine| {
+            std::fs::read_dir(engine.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+        })
+        .filter(|f| f.path().extension().is_some_and(|e| e == "cwasm"))
+        .filter_map(|f| {
+            let meta = f.metadata().ok()?;
+            Some((meta.modified().ok()?, meta.len(), f.path()))
+        })
+        .collect();
+    let mut total: u64 = artifacts.iter().map(|(_, len, _)| len).sum();
+    artifacts.sort();
+    let mut removed = 0;
+    for (_, len, path) in artifacts {
+        if total <= max_bytes {
+            break;
+        }
+        if path == keep {
+            continue;
+        }
+        if std::fs::remove_file(&path).is_ok() {
+            let _ = std::fs::remove_file(path.with_extension("cwasm.sha256"));
+            total -= len;
+            removed += 1;
+        }
+    }
+    removed
 }
 
 /// Writes `path` through a uniquely named temporary file and a rename, so readers see the old
@@ -200,6 +258,39 @@ impl Hasher for Sha256Hasher {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn eviction_drops_the_least_recently_used_first_and_never_the_new_one() {
+        let root = std::env::temp_dir().join(format!("wasmop-evict-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let (old_engine, engine) = (root.join("old"), root.join("new"));
+        std::fs::create_dir_all(&old_engine).unwrap();
+        std::fs::create_dir_all(&engine).unwrap();
+        let t0 = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000);
+        let put = |dir: &Path, name: &str, age: u64| {
+            let path = dir.join(format!("{name}.cwasm"));
+            std::fs::write(&path, vec![0u8; 100]).unwrap();
+            std::fs::write(path.with_extension("cwasm.sha256"), b"x").unwrap();
+            std::fs::File::options()
+                .write(true)
+                .open(&path)
+                .unwrap()
+                .set_modified(t0 + std::time::Duration::from_secs(age))
+                .unwrap();
+            path
+        };
+        let oldest = put(&old_engine, "a", 0);
+        let middle = put(&engine, "b", 10);
+        let newest = put(&engine, "c", 20);
+        // The one just written is the oldest by its clock: still kept.
+        let just_written = put(&engine, "d", 5);
+        assert_eq!(evict(&root, 250, &just_written), 2);
+        assert!(!oldest.exists() && !oldest.with_extension("cwasm.sha256").exists());
+        assert!(!middle.exists());
+        assert!(newest.exists() && just_written.exists());
+        assert_eq!(evict(&root, 250, &just_written), 0, "within the limit now");
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 
     #[test]
     fn atomic_write_replaces() {

@@ -65,6 +65,9 @@ pub struct SandboxConfig {
     /// Where compiled components are cached across restarts; `None` keeps them in memory only.
     /// Default: `$XDG_CACHE_HOME/wasmop`, else `~/.cache/wasmop`, if it can be written to.
     pub cache_dir: Option<PathBuf>,
+    /// Bytes the disk cache may hold; the least recently used artifacts are evicted past it.
+    /// Default [`crate::config::COMPILE_CACHE_MIB`] MiB.
+    pub cache_max_bytes: u64,
     /// Linear memory all calls together may hold, in bytes, whatever each plugin's cap says.
     /// Default [`crate::config::SANDBOX_MEMORY_MIB`] MiB.
     pub memory_budget: u64,
@@ -75,6 +78,7 @@ impl Default for SandboxConfig {
         Self {
             max_instances: crate::config::MAX_INSTANCES,
             cache_dir: default_cache_dir(),
+            cache_max_bytes: crate::config::COMPILE_CACHE_MIB << 20,
             memory_budget: crate::config::SANDBOX_MEMORY_MIB << 20,
         }
     }
@@ -129,7 +133,7 @@ impl Sandbox {
         wasi::add_to_linker(&mut linker).map_err(|e| SandboxError::Linker(e.into()))?;
         Bindings::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |state| state)
             .map_err(|e| SandboxError::Linker(e.into()))?;
-        let cache = ArtifactCache::new(&engine, cfg.cache_dir.as_deref());
+        let cache = ArtifactCache::new(&engine, cfg.cache_dir.as_deref(), cfg.cache_max_bytes);
         let shared = Arc::new(Shared {
             slots: Arc::new(Semaphore::new(cfg.max_instances.max(1) as usize)),
             budget: Arc::new(MemoryBudget::new(cfg.memory_budget)),
