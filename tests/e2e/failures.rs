@@ -276,3 +276,45 @@ async fn an_object_of_the_same_name_is_never_taken_over() {
         "their Deployment stays"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sleeping_plugin_neither_blocks_its_call_nor_the_hosts_shutdown() {
+    let env = Env::new("e2e-sleep").await;
+    let adversarial = test_artifacts::read(test_artifacts::ADVERSARIAL);
+    // Every reconcile sleeps for a minute, as far as the guest knows.
+    env.put_plugin("adversarial", &adversarial, Some("mode: sleep\n"))
+        .await;
+    let host = env.start_host();
+    let probes = Api::<kube::api::DynamicObject>::namespaced_with(
+        env.client.clone(),
+        env.name(),
+        &kube::api::ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk("test.wasmop.io", "v1", "Probe"),
+            "probes",
+        ),
+    );
+    let probe = json!({"apiVersion": "test.wasmop.io/v1", "kind": "Probe", "metadata": {"name": "p"}, "spec": {}});
+    probes
+        .patch("p", &PatchParams::apply("e2e"), &Patch::Apply(&probe))
+        .await
+        .unwrap();
+    // The call returns at once (the guest's clock did not move) and its child is applied.
+    let configmaps: Api<k8s_openapi::api::core::v1::ConfigMap> = env.ns.api();
+    let child = testenv::wait_until(
+        "the sleeping plugin's ConfigMap p",
+        TIMEOUT,
+        || async { configmaps.get_opt("p").await },
+        Option::is_some,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nhost log:\n{}", host.logs()))
+    .unwrap();
+    assert_eq!(child.data.unwrap()["sleptNanos"], "0");
+
+    let stopping = std::time::Instant::now();
+    let status = host.terminate();
+    let took = stopping.elapsed();
+    println!("measured: host with a sleeping plugin exited {took:?} after SIGTERM");
+    assert!(status.success(), "{status}");
+    assert!(took < std::time::Duration::from_secs(10), "{took:?}");
+}
