@@ -1,11 +1,54 @@
-//! Bad input loses nothing: a garbage module keeps the last good version running, and a
-//! plugin that traps on every call does not slow the others.
+//! Bad input loses nothing: a garbage module or an out-of-range annotation keeps the last good
+//! version running, a plugin that traps on every call does not slow the others (nor retries
+//! in a loop), one that sleeps blocks nothing, and no plugin takes over an object it did not
+//! make.
 
 use k8s_openapi::api::core::v1::Event;
-use kube::api::{Api, ListParams, Patch, PatchParams};
-use serde_json::json;
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
+use serde_json::{Value, json};
 
-use crate::common::{Env, TIMEOUT, http_get};
+use crate::common::{Env, Host, TIMEOUT, http_get};
+
+/// Creates Probe `name`, a parent of the adversarial plugin; returns the Probes of the
+/// test's namespace.
+async fn put_probe(env: &Env, name: &str) -> Api<DynamicObject> {
+    let probes = Api::<DynamicObject>::namespaced_with(
+        env.client.clone(),
+        env.name(),
+        &kube::api::ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk("test.wasmop.io", "v1", "Probe"),
+            "probes",
+        ),
+    );
+    let probe = json!({"apiVersion": "test.wasmop.io/v1", "kind": "Probe", "metadata": {"name": name}, "spec": {}});
+    probes
+        .patch(name, &PatchParams::apply("e2e"), &Patch::Apply(&probe))
+        .await
+        .unwrap();
+    probes
+}
+
+/// Waits until parent `name` has `Ready=False`; returns that condition.
+async fn wait_not_ready(api: &Api<DynamicObject>, name: &str, host: &Host) -> Value {
+    let ready = |status: &Value| {
+        status["conditions"]
+            .as_array()
+            .and_then(|c| {
+                c.iter()
+                    .find(|c| c["type"] == "Ready" && c["status"] == "False")
+            })
+            .cloned()
+    };
+    let status = testenv::wait_until(
+        &format!("{name} to be marked Ready=False"),
+        TIMEOUT,
+        || async { api.get(name).await.map(|p| p.data["status"].clone()) },
+        |s| ready(s).is_some(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nhost log:\n{}", host.logs()));
+    ready(&status).expect("just seen")
+}
 
 async fn events_for(env: &Env, kind: &str, name: &str) -> Vec<Event> {
     let api: Api<Event> = env.ns.api();
@@ -96,43 +139,12 @@ async fn a_trapping_plugin_does_not_disturb_the_others() {
         .await;
     let mut host = env.start_host();
 
-    let probes = Api::<kube::api::DynamicObject>::namespaced_with(
-        env.client.clone(),
-        env.name(),
-        &kube::api::ApiResource::from_gvk_with_plural(
-            &kube::core::GroupVersionKind::gvk("test.wasmop.io", "v1", "Probe"),
-            "probes",
-        ),
-    );
-    let probe = json!({"apiVersion": "test.wasmop.io/v1", "kind": "Probe", "metadata": {"name": "p"}, "spec": {}});
-    probes
-        .patch("p", &PatchParams::apply("e2e"), &Patch::Apply(&probe))
-        .await
-        .unwrap();
+    let probes = put_probe(&env, "p").await;
     env.put_memcached("cache", 3).await;
     env.wait_nodes("cache", 3).await;
 
     // The trapping plugin's parent says why it is not ready, and so does an Event.
-    let status = testenv::wait_until(
-        "Probe p to be marked Ready=False",
-        TIMEOUT,
-        || async { probes.get("p").await.map(|p| p.data["status"].clone()) },
-        |s| {
-            s["conditions"].as_array().is_some_and(|c| {
-                c.iter()
-                    .any(|c| c["type"] == "Ready" && c["status"] == "False")
-            })
-        },
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}\nhost log:\n{}", host.logs()));
-    let ready = status["conditions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["type"] == "Ready")
-        .unwrap()
-        .clone();
+    let ready = wait_not_ready(&probes, "p", &host).await;
     assert_eq!(ready["reason"], "PluginTrapped", "{ready}");
     assert!(
         ready["message"]
@@ -206,33 +218,9 @@ async fn an_object_of_the_same_name_is_never_taken_over() {
 
     // The parent says why, and an Event names the object.
     let memcacheds = env.memcacheds();
-    let ready = testenv::wait_until(
-        "Memcached cache to be Ready=False with reason ChildConflict",
-        TIMEOUT,
-        || async {
-            memcacheds
-                .get("cache")
-                .await
-                .map(|m| m.data["status"].clone())
-        },
-        |s| {
-            s["conditions"].as_array().is_some_and(|c| {
-                c.iter()
-                    .any(|c| c["type"] == "Ready" && c["reason"] == "ChildConflict")
-            })
-        },
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}\nhost log:\n{}", host.logs()));
-    let message = ready["conditions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["type"] == "Ready")
-        .unwrap()["message"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let ready = wait_not_ready(&memcacheds, "cache", &host).await;
+    assert_eq!(ready["reason"], "ChildConflict", "{ready}");
+    let message = ready["message"].as_str().unwrap().to_string();
     assert!(
         message.contains(&format!(
             "Deployment {}/cache exists and is not controlled by this parent",
@@ -285,19 +273,7 @@ async fn a_sleeping_plugin_neither_blocks_its_call_nor_the_hosts_shutdown() {
     env.put_plugin("adversarial", &adversarial, Some("mode: sleep\n"))
         .await;
     let host = env.start_host();
-    let probes = Api::<kube::api::DynamicObject>::namespaced_with(
-        env.client.clone(),
-        env.name(),
-        &kube::api::ApiResource::from_gvk_with_plural(
-            &kube::core::GroupVersionKind::gvk("test.wasmop.io", "v1", "Probe"),
-            "probes",
-        ),
-    );
-    let probe = json!({"apiVersion": "test.wasmop.io/v1", "kind": "Probe", "metadata": {"name": "p"}, "spec": {}});
-    probes
-        .patch("p", &PatchParams::apply("e2e"), &Patch::Apply(&probe))
-        .await
-        .unwrap();
+    put_probe(&env, "p").await;
     // The call returns at once (the guest's clock did not move) and its child is applied.
     let configmaps: Api<k8s_openapi::api::core::v1::ConfigMap> = env.ns.api();
     let child = testenv::wait_until(

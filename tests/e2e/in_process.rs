@@ -18,6 +18,32 @@ fn config(env: &Env) -> HostConfig {
     }
 }
 
+/// A host running in a task until [`Running::stop`].
+struct Running {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Running {
+    fn start(host: Host) -> Running {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(host.run(async {
+            let _ = stopped.await;
+        }));
+        Running { stop, task }
+    }
+
+    /// Resolves the host's shutdown future; it must then stop cleanly.
+    async fn stop(self) {
+        self.stop.send(()).unwrap();
+        tokio::time::timeout(TIMEOUT, self.task)
+            .await
+            .expect("the host stops after its shutdown future resolves")
+            .expect("host task")
+            .expect("a clean stop");
+    }
+}
+
 /// Waits until the registry reports `configmap` as `pred` says; returns its status.
 async fn plugin_state(
     plugins: &mut tokio::sync::watch::Receiver<Vec<Status>>,
@@ -50,10 +76,7 @@ async fn the_registry_keeps_the_last_good_version_through_a_bad_one() {
         .expect("host");
     let mut plugins = host.plugins();
     let mut ready = host.ready();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let run = tokio::spawn(host.run(async {
-        let _ = stopped.await;
-    }));
+    let running_host = Running::start(host);
     let running = |version: &'static str| {
         move |p: &Status| {
             p.state == State::Running
@@ -90,12 +113,7 @@ async fn the_registry_keeps_the_last_good_version_through_a_bad_one() {
     env.put_plugin("memcached", &v2, None).await;
     plugin_state(&mut plugins, "memcached", "running 0.2.0", running("0.2.0")).await;
 
-    stop.send(()).unwrap();
-    tokio::time::timeout(TIMEOUT, run)
-        .await
-        .expect("stops")
-        .expect("host task")
-        .expect("a clean stop");
+    running_host.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -111,10 +129,7 @@ async fn in_process_host_reconciles_and_stops_on_shutdown() {
     // Equal addresses (port 0 included) share one listener.
     assert_eq!(host.metrics_addr(), host.probe_addr());
     let mut plugins = host.plugins();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let run = tokio::spawn(host.run(async {
-        let _ = stopped.await;
-    }));
+    let running_host = Running::start(host);
 
     env.put_memcached("cache", 2).await;
     env.wait_nodes("cache", 2).await;
@@ -139,10 +154,5 @@ async fn in_process_host_reconciles_and_stops_on_shutdown() {
     assert_eq!(code, 200);
     assert!(metrics.contains("wasmop_reconcile_total"), "{metrics}");
 
-    stop.send(()).unwrap();
-    tokio::time::timeout(TIMEOUT, run)
-        .await
-        .expect("the host stops after its shutdown future resolves")
-        .expect("host task")
-        .expect("a clean stop");
+    running_host.stop().await;
 }
