@@ -83,18 +83,14 @@ pub trait Supervise: Send {
     fn is_synced(&self, configmap: &str) -> bool;
 }
 
-/// The version that runs for a ConfigMap.
-struct Running {
-    loaded: Loaded,
-}
-
 struct Slot {
     configmap: ConfigMap,
     // The newest source seen; load results for older ones are dropped.
     latest: Option<PluginSource>,
     // State of the newest version.
     state: State,
-    running: Option<Running>,
+    // The version that runs, if any.
+    running: Option<Loaded>,
 }
 
 enum Msg {
@@ -306,7 +302,7 @@ impl Registry {
             }
             None => {
                 let msg = match &slot.running {
-                    Some(r) => format!("{error}; still running {}", r.loaded.describe()),
+                    Some(running) => format!("{error}; still running {}", running.describe()),
                     None => error.to_string(),
                 };
                 tracing::error!(configmap, error = %msg, "plugin failed to load");
@@ -322,9 +318,7 @@ impl Registry {
             .slots
             .iter()
             .filter(|(cm, _)| cm.as_str() != configmap)
-            .filter_map(|(cm, s)| {
-                Some((cm.as_str(), s.running.as_ref()?.loaded.plugin.manifest()))
-            });
+            .filter_map(|(cm, s)| Some((cm.as_str(), s.running.as_ref()?.plugin.manifest())));
         if let Some(msg) = clash(loaded.plugin.manifest(), others) {
             let slot = self.slots.get_mut(configmap).expect("slot exists");
             slot.state = State::Failed(msg.clone());
@@ -336,9 +330,7 @@ impl Registry {
 
         let activation = self.supervisor.run(configmap, loaded.clone(), kinds).await;
         let slot = self.slots.get_mut(configmap).expect("slot exists");
-        let previous = slot.running.replace(Running {
-            loaded: loaded.clone(),
-        });
+        let previous = slot.running.replace(loaded.clone());
         slot.state = State::Running;
         let cm = slot.configmap.clone();
         // Any replacement is `Swapped`, naming both versions; only a first load is `Loaded`.
@@ -348,7 +340,7 @@ impl Registry {
                 format!(
                     "swapped in {}, replacing {}; its kinds changed, so its controller restarted",
                     loaded.describe(),
-                    old.loaded.describe()
+                    old.describe()
                 ),
             ),
             (Some(old), _) => (
@@ -356,7 +348,7 @@ impl Registry {
                 format!(
                     "swapped in {}, replacing {}",
                     loaded.describe(),
-                    old.loaded.describe()
+                    old.describe()
                 ),
             ),
             (None, _) => (Notice::Loaded, format!("loaded {}", loaded.describe())),
@@ -369,7 +361,7 @@ impl Registry {
                     configmap: configmap.to_string(),
                 })
                 .inc();
-            set_info(configmap, Some(&old.loaded), None);
+            set_info(configmap, Some(old), None);
         }
         set_info(configmap, None, Some(&loaded));
         tracing::info!(configmap, "{msg}");
@@ -381,9 +373,9 @@ impl Registry {
             return;
         };
         if let Some(running) = slot.running {
-            set_info(configmap, Some(&running.loaded), None);
+            set_info(configmap, Some(&running), None);
             self.supervisor.stop(configmap).await;
-            tracing::info!(configmap, plugin = %running.loaded.describe(), "plugin ConfigMap deleted; controller stopped, children left in place");
+            tracing::info!(configmap, plugin = %running.describe(), "plugin ConfigMap deleted; controller stopped, children left in place");
         }
     }
 
@@ -393,7 +385,7 @@ impl Registry {
             .iter()
             .map(|(cm, s)| Status {
                 configmap: cm.clone(),
-                running: s.running.as_ref().map(|r| r.loaded.describe()),
+                running: s.running.as_ref().map(Loaded::describe),
                 state: s.state.clone(),
             })
             .collect();
