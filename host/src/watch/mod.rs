@@ -9,6 +9,7 @@
 //! holds only `apiVersion`, `kind` and `metadata`. A kind watched both ways gets two watches.
 
 pub mod cache;
+pub mod lenient;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -20,6 +21,7 @@ use kube::{Client, ResourceExt};
 use tokio::sync::{mpsc, watch};
 
 pub use cache::{Cache, ObjKey, controller_uid, key_of};
+pub use lenient::{Lenient, UNDECODABLE_ANNOTATION, undecodable};
 
 /// What changed in a watched resource type.
 #[derive(Debug, Clone)]
@@ -205,6 +207,15 @@ impl Hub {
 }
 
 fn strip(mut obj: DynamicObject) -> Arc<DynamicObject> {
+    if let Some(error) = undecodable(&obj) {
+        tracing::warn!(
+            kind = obj.types.as_ref().map_or("", |t| t.kind.as_str()),
+            namespace = obj.metadata.namespace.as_deref().unwrap_or(""),
+            name = obj.metadata.name.as_deref().unwrap_or(""),
+            error,
+            "object cannot be decoded; kept by its metadata only"
+        );
+    }
     obj.managed_fields_mut().clear();
     Arc::new(obj)
 }
@@ -245,10 +256,14 @@ async fn run_watch(
             .boxed()
     } else {
         let api = match &key.namespace {
-            Some(ns) => Api::<DynamicObject>::namespaced_with(client, ns, &key.resource),
+            Some(ns) => Api::<Lenient>::namespaced_with(client, ns, &key.resource),
             None => Api::all_with(client, &key.resource),
         };
-        watcher(api, config).default_backoff().boxed()
+        // One object too deep to decode must not fail its kind's watch.
+        watcher(api, config)
+            .default_backoff()
+            .map(|ev| ev.map(unwrap_lenient))
+            .boxed()
     };
     let mut events = std::pin::pin!(events);
     let mut relist: Vec<Arc<DynamicObject>> = Vec::new();
@@ -280,6 +295,16 @@ async fn run_watch(
             }
             Err(err) => tracing::warn!(%kind, error = %err, "watch failed; retrying with backoff"),
         }
+    }
+}
+
+fn unwrap_lenient(event: watcher::Event<Lenient>) -> watcher::Event<DynamicObject> {
+    match event {
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitDone => watcher::Event::InitDone,
+        watcher::Event::InitApply(Lenient(o)) => watcher::Event::InitApply(o),
+        watcher::Event::Apply(Lenient(o)) => watcher::Event::Apply(o),
+        watcher::Event::Delete(Lenient(o)) => watcher::Event::Delete(o),
     }
 }
 
