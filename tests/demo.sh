@@ -92,9 +92,11 @@ wait_until "the control plane to print its KUBECONFIG (log: $work/plane.log)" \
 export "$(grep '^KUBECONFIG=' "$work/plane.out")"
 k() { "$kubectl" "$@"; }
 
-step "installing the CRD and the plugin ConfigMap"
+step "installing the CRD, the plugin's identity and the plugin ConfigMap"
 k apply -f deploy/crds/
 k create namespace wasmop-system
+# The plugin writes as its own ServiceAccount, wasmop-plugin-memcached, with only these rights.
+"$root/target/debug/wasmop" rbac "$wasm/memcached.wasm" | k apply -f -
 k -n wasmop-system create configmap memcached --from-file=memcached.wasm="$wasm/memcached.wasm"
 k -n wasmop-system label configmap memcached wasmop.io/plugin=
 

@@ -176,10 +176,17 @@ pub struct RbacArgs {
     /// The host's ServiceAccount.
     #[arg(long, default_value = config::SERVICE_ACCOUNT)]
     pub service_account: String,
-    /// Name of the ClusterRole and ClusterRoleBinding. Defaults to
-    /// `wasmop-plugin-<manifest name>`.
+    /// The plugin's ConfigMap, which names its ServiceAccount `wasmop-plugin-<configmap>`.
+    /// Defaults to the manifest name.
+    #[arg(long)]
+    pub configmap: Option<String>,
+    /// What the role and binding names start with. Defaults to the ServiceAccount's name.
     #[arg(long)]
     pub name: Option<String>,
+    /// Grant in this namespace only (Roles, not ClusterRoles), for a host run with
+    /// `--watch-namespace`.
+    #[arg(long)]
+    pub watch_namespace: Option<String>,
     /// Resource plural of a kind, as `Kind=plural` (repeatable). Plurals are otherwise guessed
     /// offline from the kind (lowercase, then `es` after s, x, ch or sh, `ies` for a consonant
     /// and y, else `s`); check irregular ones with `kubectl api-resources`.

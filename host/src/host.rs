@@ -127,6 +127,7 @@ impl Host {
         };
         let loader = Loader::new(
             client.clone(),
+            config.namespace.clone(),
             sandbox,
             config.watch_namespace.clone(),
             config.controller.resync,

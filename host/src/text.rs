@@ -1,5 +1,5 @@
 //! Small text helpers shared by every stage: bounding what goes into logs, Events and
-//! conditions, and hex for digests.
+//! conditions, what an API error says, and hex for digests.
 
 /// Cuts `s` to at most `max` bytes (on a character boundary), marking the cut with `…`.
 pub fn truncate(mut s: String, max: usize) -> String {
@@ -12,6 +12,23 @@ pub fn truncate(mut s: String, max: usize) -> String {
         s.push('…');
     }
     s
+}
+
+/// What the API server said, without kube's debug dump of its `Status`: for a refused write,
+/// `secrets "x" is forbidden: User "…" cannot create resource "secrets" in API group "" in the
+/// namespace "ns"`, which names the verb and the resource.
+pub fn api_error(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(status) if !status.message.is_empty() => {
+            format!("{} ({})", status.message, status.code)
+        }
+        e => e.to_string(),
+    }
+}
+
+/// Whether the API server refused the request for lack of rights.
+pub fn is_forbidden(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(status) if status.code == 403)
 }
 
 /// Lower-case hex of `bytes`.

@@ -422,7 +422,7 @@ fn undeclared_child_kind_is_refused() {
     assert!(
         err.violations[0]
             .rule
-            .contains("v1 Secret is not a child kind"),
+            .contains("v1 Service is not a child kind"),
         "{err}"
     );
 }

@@ -6,10 +6,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Event};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Client;
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use kube::core::GroupVersionKind;
 use serde_json::{Value, json};
 use testenv::TestNamespace;
@@ -48,8 +48,61 @@ impl Env {
     }
 
     /// Creates or updates a plugin ConfigMap, as `wasmop package` builds it (server-side
-    /// apply, so both work).
+    /// apply, so both work), after granting its ServiceAccount what `wasmop rbac` prints.
     pub async fn put_plugin(&self, name: &str, wasm: &[u8], settings: Option<&str>) {
+        self.grant(name, wasm, &[]).await;
+        self.put_plugin_only(name, wasm, settings).await;
+    }
+
+    /// What `wasmop rbac --watch-namespace <ns>` prints for the plugin in ConfigMap `name`,
+    /// as JSON documents; empty when the module does not load (a test of a bad module).
+    pub async fn rbac(&self, name: &str, wasm: &[u8]) -> Vec<Value> {
+        let wasm = wasm.to_vec();
+        let Ok(Ok(plugin)) = tokio::task::spawn_blocking(move || wasmop::cmd::probe(&wasm)).await
+        else {
+            return Vec::new();
+        };
+        let options = wasmop::cmd::rbac::Options {
+            configmap: Some(name.to_string()),
+            name: None,
+            namespace: self.name().to_string(),
+            service_account: "wasmop".into(),
+            watch_namespace: Some(self.name().to_string()),
+            plurals: Vec::new(),
+        };
+        let yaml = wasmop::cmd::rbac::render(plugin.manifest(), &options).expect("rbac");
+        serde_yaml::Deserializer::from_str(&yaml)
+            .map(|d| serde::Deserialize::deserialize(d).expect("a YAML document"))
+            .collect()
+    }
+
+    /// Applies [`Env::rbac`], with the resources in `withhold` taken out of the plugin
+    /// ServiceAccount's rules.
+    pub async fn grant(&self, name: &str, wasm: &[u8], withhold: &[&str]) {
+        let mut docs = self.rbac(name, wasm).await;
+        for doc in &mut docs {
+            let plugin_role =
+                doc["kind"] == "Role" && doc["metadata"]["name"] == format!("wasmop-plugin-{name}");
+            if plugin_role {
+                for rule in doc["rules"].as_array_mut().unwrap() {
+                    rule["resources"]
+                        .as_array_mut()
+                        .unwrap()
+                        .retain(|r| !withhold.contains(&r.as_str().unwrap()));
+                }
+                doc["rules"]
+                    .as_array_mut()
+                    .unwrap()
+                    .retain(|r| !r["resources"].as_array().unwrap().is_empty());
+            }
+        }
+        testenv::apply_objects(&self.client, docs, "e2e")
+            .await
+            .expect("the plugin's RBAC applied");
+    }
+
+    /// Creates or updates a plugin ConfigMap, and grants nothing.
+    pub async fn put_plugin_only(&self, name: &str, wasm: &[u8], settings: Option<&str>) {
         let cm =
             wasmop::cmd::package::package(wasm, name, self.name(), settings.map(str::to_owned))
                 .expect("a plugin ConfigMap")
@@ -147,6 +200,14 @@ async fn install_crds(client: &Client) {
             .await
             .expect("CRD established");
     }
+}
+
+/// The test-only `Probe` kind.
+pub fn probe_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("test.wasmop.io", "v1", "Probe"),
+        "probes",
+    )
 }
 
 /// A minimal kind for the adversarial test plugin (`tests/guests/adversarial`).
@@ -293,4 +354,54 @@ pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
         .map(|(_, b)| b.to_string())
         .unwrap_or_default();
     (code, body)
+}
+
+/// Creates Probe `name`, a parent of the adversarial plugin; returns the Probes of the
+/// test's namespace.
+pub async fn put_probe(env: &Env, name: &str) -> Api<DynamicObject> {
+    let probes =
+        Api::<DynamicObject>::namespaced_with(env.client.clone(), env.name(), &probe_resource());
+    let probe = json!({"apiVersion": "test.wasmop.io/v1", "kind": "Probe", "metadata": {"name": name}, "spec": {}});
+    probes
+        .patch(name, &PatchParams::apply("e2e"), &Patch::Apply(&probe))
+        .await
+        .unwrap();
+    probes
+}
+
+/// Waits until parent `name` has `Ready=False`; returns that condition.
+pub async fn wait_not_ready(api: &Api<DynamicObject>, name: &str, host: &Host) -> Value {
+    let ready = |status: &Value| {
+        status["conditions"]
+            .as_array()
+            .and_then(|c| {
+                c.iter()
+                    .find(|c| c["type"] == "Ready" && c["status"] == "False")
+            })
+            .cloned()
+    };
+    let status = testenv::wait_until(
+        &format!("{name} to be marked Ready=False"),
+        TIMEOUT,
+        || async { api.get(name).await.map(|p| p.data["status"].clone()) },
+        |s| ready(s).is_some(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nhost log:\n{}", host.logs()));
+    ready(&status).expect("just seen")
+}
+
+/// The core/v1 Events in the test's namespace about `kind/name`.
+pub async fn events_for(env: &Env, kind: &str, name: &str) -> Vec<Event> {
+    let api: Api<Event> = env.ns.api();
+    api.list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.involved_object.kind.as_deref() == Some(kind)
+                && e.involved_object.name.as_deref() == Some(name)
+        })
+        .collect()
 }

@@ -1,8 +1,9 @@
 //! The install path, end to end: `kubectl apply --server-side -k deploy/` on the shared plane,
 //! then the host as a real process with a token of the ServiceAccount `wasmop`, so it has
-//! exactly the RBAC `deploy/` grants. The Memcached plugin reconciles with it; a plugin whose
-//! kinds were not granted is refused at load with a message naming what is missing, and
-//! Memcached keeps reconciling.
+//! exactly the RBAC `deploy/` grants, and Memcached's writes made as its own ServiceAccount
+//! `wasmop-plugin-memcached`. A plugin no one granted an identity is refused at load with a
+//! message naming what is missing, loads once `wasmop rbac` for it is applied, and Memcached
+//! keeps reconciling throughout.
 //!
 //! The only test that uses the namespace `wasmop-system`: its plugin ConfigMaps are loaded by
 //! any host started with `--namespace wasmop-system`.
@@ -139,16 +140,28 @@ async fn kustomize_install_runs_memcached_with_least_privilege() {
     let message = refused.message.clone().unwrap_or_default();
     println!("Forbidden: {message}");
     assert_eq!(refused.type_.as_deref(), Some("Warning"));
+    // No one granted the host its identity: refused before anything runs.
     for missing in [
-        "system:serviceaccount:wasmop-system:wasmop",
-        "get, list, watch, patch probes.test.wasmop.io",
-        "create, patch, delete configmaps",
+        "the host (system:serviceaccount:wasmop-system:wasmop)",
+        "in namespace wasmop-system",
+        "impersonate serviceaccounts/wasmop-plugin-probe",
         "wasmop rbac",
     ] {
         assert!(message.contains(missing), "{missing:?} in {message}");
     }
 
-    // 5. Memcached keeps reconciling.
+    // 5. The flow the message names: `wasmop rbac` for this ConfigMap and namespace, applied.
+    let printed = run(Command::new(env!("CARGO_BIN_EXE_wasmop"))
+        .arg("rbac")
+        .arg(test_artifacts::ADVERSARIAL)
+        .args(["--configmap", "probe", "--watch-namespace", env.name()]));
+    let file = tree.join("probe-rbac.yaml");
+    std::fs::write(&file, &printed.stdout).unwrap();
+    kubectl(&["apply", "--server-side", "-f", file.to_str().unwrap()]);
+    let loaded = wait_event(&env, "probe", "Loaded").await;
+    assert_eq!(loaded.type_.as_deref(), Some("Normal"));
+
+    // 6. Memcached keeps reconciling.
     env.put_memcached("cache", 3).await;
     env.wait_replicas("cache", 3).await;
     env.wait_nodes("cache", 3).await;
@@ -162,6 +175,7 @@ async fn kustomize_install_runs_memcached_with_least_privilege() {
         .delete("probe", &DeleteParams::default())
         .await
         .unwrap();
+    let _ = kubectl(&["delete", "--ignore-not-found", "-f", file.to_str().unwrap()]);
 }
 
 /// Runs a command to completion; panics with its output when it fails.

@@ -3,66 +3,13 @@
 //! in a loop), one that sleeps blocks nothing, and no plugin takes over an object it did not
 //! make.
 
-use k8s_openapi::api::core::v1::Event;
-use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 
-use crate::common::{Env, Host, TIMEOUT, http_get};
-
-/// Creates Probe `name`, a parent of the adversarial plugin; returns the Probes of the
-/// test's namespace.
-async fn put_probe(env: &Env, name: &str) -> Api<DynamicObject> {
-    let probes = Api::<DynamicObject>::namespaced_with(
-        env.client.clone(),
-        env.name(),
-        &kube::api::ApiResource::from_gvk_with_plural(
-            &kube::core::GroupVersionKind::gvk("test.wasmop.io", "v1", "Probe"),
-            "probes",
-        ),
-    );
-    let probe = json!({"apiVersion": "test.wasmop.io/v1", "kind": "Probe", "metadata": {"name": name}, "spec": {}});
-    probes
-        .patch(name, &PatchParams::apply("e2e"), &Patch::Apply(&probe))
-        .await
-        .unwrap();
-    probes
-}
-
-/// Waits until parent `name` has `Ready=False`; returns that condition.
-async fn wait_not_ready(api: &Api<DynamicObject>, name: &str, host: &Host) -> Value {
-    let ready = |status: &Value| {
-        status["conditions"]
-            .as_array()
-            .and_then(|c| {
-                c.iter()
-                    .find(|c| c["type"] == "Ready" && c["status"] == "False")
-            })
-            .cloned()
-    };
-    let status = testenv::wait_until(
-        &format!("{name} to be marked Ready=False"),
-        TIMEOUT,
-        || async { api.get(name).await.map(|p| p.data["status"].clone()) },
-        |s| ready(s).is_some(),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}\nhost log:\n{}", host.logs()));
-    ready(&status).expect("just seen")
-}
-
-async fn events_for(env: &Env, kind: &str, name: &str) -> Vec<Event> {
-    let api: Api<Event> = env.ns.api();
-    api.list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| {
-            e.involved_object.kind.as_deref() == Some(kind)
-                && e.involved_object.name.as_deref() == Some(name)
-        })
-        .collect()
-}
+use crate::common::{
+    Env, TIMEOUT, events_for, http_get, probe_resource, put_probe, wait_not_ready,
+};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn garbage_module_keeps_the_last_good_version() {
@@ -102,7 +49,7 @@ async fn garbage_module_keeps_the_last_good_version() {
     // An annotation out of its range (this one used to overflow the controller's clock) is
     // refused at load, naming the annotation; the running version stays.
     env.put_plugin("memcached", &wasm, None).await;
-    let configmaps: Api<k8s_openapi::api::core::v1::ConfigMap> = env.ns.api();
+    let configmaps: Api<ConfigMap> = env.ns.api();
     let huge =
         json!({"metadata": {"annotations": {"wasmop.io/resync-seconds": "9223372036854775808"}}});
     configmaps
@@ -275,7 +222,7 @@ async fn a_sleeping_plugin_neither_blocks_its_call_nor_the_hosts_shutdown() {
     let host = env.start_host();
     put_probe(&env, "p").await;
     // The call returns at once (the guest's clock did not move) and its child is applied.
-    let configmaps: Api<k8s_openapi::api::core::v1::ConfigMap> = env.ns.api();
+    let configmaps: Api<ConfigMap> = env.ns.api();
     let child = testenv::wait_until(
         "the sleeping plugin's ConfigMap p",
         TIMEOUT,
@@ -293,4 +240,100 @@ async fn a_sleeping_plugin_neither_blocks_its_call_nor_the_hosts_shutdown() {
     println!("measured: host with a sleeping plugin exited {took:?} after SIGTERM");
     assert!(status.success(), "{status}");
     assert!(took < std::time::Duration::from_secs(10), "{took:?}");
+}
+
+/// A Probe nested `depth` levels deep under `spec.deep`: valid to the API server, deeper than
+/// serde_json decodes.
+fn deep_probe(name: &str, depth: usize) -> Value {
+    let mut deep = json!("bottom");
+    for _ in 0..depth {
+        deep = json!([deep]);
+    }
+    json!({
+        "apiVersion": "test.wasmop.io/v1",
+        "kind": "Probe",
+        "metadata": {"name": name},
+        "spec": {"deep": deep},
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_undecodable_parent_affects_only_itself_across_a_restart() {
+    let env = Env::new("e2e-deep").await;
+    let adversarial = test_artifacts::read(test_artifacts::ADVERSARIAL);
+    env.put_plugin("adversarial", &adversarial, None).await;
+    put_probe(&env, "before").await;
+    // Created through the host's own lenient decoding: the API server's answer is as deep.
+    let lenient: Api<wasmop::watch::Lenient> =
+        Api::namespaced_with(env.client.clone(), env.name(), &probe_resource());
+    lenient
+        .patch(
+            "deep",
+            &PatchParams::apply("e2e"),
+            &Patch::Apply(&deep_probe("deep", 200)),
+        )
+        .await
+        .expect("the API server stores a 200-deep Probe");
+    let host = env.start_host();
+    let configmaps = env.ns.api::<ConfigMap>();
+    let wait_child = |name: &'static str| {
+        let configmaps = configmaps.clone();
+        async move {
+            testenv::wait_until(
+                &format!("ConfigMap {name}, the child of Probe {name}"),
+                TIMEOUT,
+                || async { configmaps.get_opt(name).await },
+                Option::is_some,
+            )
+            .await
+        }
+    };
+    wait_child("before")
+        .await
+        .unwrap_or_else(|e| panic!("{e}\nhost log:\n{}", host.logs()));
+
+    // The deep one says why it is not reconciled, and has no child. Its status is read alone:
+    // the whole object would not decode here either.
+    #[derive(serde::Deserialize)]
+    struct StatusOnly {
+        #[serde(default)]
+        status: Value,
+    }
+    let path = format!(
+        "/apis/test.wasmop.io/v1/namespaces/{}/probes/deep",
+        env.name()
+    );
+    let status = testenv::wait_until(
+        "Probe deep to be marked Ready=False",
+        TIMEOUT,
+        || async {
+            let request = http::Request::get(&path).body(Vec::new()).unwrap();
+            env.client
+                .request::<StatusOnly>(request)
+                .await
+                .map(|s| s.status)
+        },
+        |status| status["conditions"][0]["status"] == "False",
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nhost log:\n{}", host.logs()));
+    let ready = &status["conditions"][0];
+    assert_eq!(ready["reason"], "Undecodable", "{ready}");
+    assert!(
+        ready["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("recursion limit")),
+        "{ready}"
+    );
+    assert!(configmaps.get_opt("deep").await.unwrap().is_none());
+    assert!(host.logs().contains("object cannot be decoded"));
+
+    // After a restart the kind lists again, the deep Probe in it, and new Probes reconcile.
+    host.kill();
+    let host = env.start_host();
+    put_probe(&env, "after").await;
+    wait_child("after")
+        .await
+        .unwrap_or_else(|e| panic!("{e}\nhost log:\n{}", host.logs()));
+    assert!(configmaps.get_opt("deep").await.unwrap().is_none());
 }

@@ -8,6 +8,7 @@
 mod common;
 mod deploy;
 mod failures;
+mod identity;
 mod in_process;
 mod leader;
 mod memcached;

@@ -28,7 +28,10 @@ async fn hot_swap_to_second_build_and_back() {
     let env = Env::new("e2e-swap").await;
     let v1 = test_artifacts::read(test_artifacts::MEMCACHED);
     let v2 = test_artifacts::read(test_artifacts::MEMCACHED_V2);
-    env.put_plugin("memcached", &v1, None).await;
+    // Rights for both versions (v2's are v1's and Services): going back to v1 prunes the
+    // Services v2 made, which needs `delete` on them.
+    env.grant("memcached", &v2, &[]).await;
+    env.put_plugin_only("memcached", &v1, None).await;
     let mut host = env.start_host();
     let pid = host.pid();
     for name in ["one", "two"] {
@@ -44,7 +47,7 @@ async fn hot_swap_to_second_build_and_back() {
 
     // Swap in the second build: each CR gets its headless Service.
     let swapped = Instant::now();
-    env.put_plugin("memcached", &v2, None).await;
+    env.put_plugin_only("memcached", &v2, None).await;
     testenv::wait_until(
         "the second build to give every Memcached a Service",
         TIMEOUT,
@@ -66,7 +69,7 @@ async fn hot_swap_to_second_build_and_back() {
     );
 
     // And back: the Services are pruned.
-    env.put_plugin("memcached", &v1, None).await;
+    env.put_plugin_only("memcached", &v1, None).await;
     testenv::wait_until(
         "the first build to prune the Services",
         TIMEOUT,
@@ -78,7 +81,7 @@ async fn hot_swap_to_second_build_and_back() {
     assert!(host.alive() && host.pid() == pid, "same host process");
 
     // New settings with the same module: swapped in place, every parent reconciled again.
-    env.put_plugin("memcached", &v1, Some("image: memcached:1.6.38\n"))
+    env.put_plugin_only("memcached", &v1, Some("image: memcached:1.6.38\n"))
         .await;
     let deployments = env.ns.api::<Deployment>();
     for name in ["one", "two"] {

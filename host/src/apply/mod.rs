@@ -21,6 +21,7 @@ use kube::api::DynamicObject;
 use serde_json::Value;
 
 use crate::kinds::ResolvedKind;
+use crate::text::api_error;
 use crate::watch::Cache;
 
 /// What one pass over the children did.
@@ -36,7 +37,7 @@ pub struct Report {
 
 /// A child that could not be applied or pruned.
 #[derive(Debug, thiserror::Error)]
-#[error("{action} {kind} {namespace}/{name}: {source}")]
+#[error("{action} {kind} {namespace}/{name}: {}", api_error(.source))]
 pub struct ChildError {
     /// `apply` or `prune`.
     pub action: &'static str,

@@ -1,29 +1,45 @@
-//! `wasmop rbac`: the RBAC the host needs to run one plugin, read from the plugin's manifest
-//! and printed as a ClusterRole bound to the host's ServiceAccount.
+//! `wasmop rbac`: the identities and rights one plugin needs, read from the plugin's manifest.
 //!
-//! The rules are [`access::needs`], the same list the host checks when it loads the plugin, so
-//! what this prints is exactly what the check asks for. They are cluster-wide because parents
-//! may live in any namespace. Kinds become resources offline, without a cluster: plurals are
-//! guessed from kind names ([`guess_plural`]) unless `--plural` gives them.
+//! It prints, as one multi-document YAML:
+//! - the plugin's ServiceAccount `wasmop-plugin-<configmap>` in the host's namespace, which
+//!   every write made for the plugin is made as (see [`crate::plugin::identity`]);
+//! - what that ServiceAccount may write (children, status, finalizers, Events), bound to it;
+//! - what the host reads with its own identity (the plugin's kinds, watched), bound to the
+//!   host's ServiceAccount;
+//! - a Role letting the host impersonate that one ServiceAccount, and nothing else.
+//!
+//! The rules are [`access::needs`], the same lists the host checks when it loads the plugin, so
+//! what this prints is exactly what the check asks for. They are ClusterRoles because parents
+//! may live in any namespace, or Roles in one namespace with `--watch-namespace`. Kinds become
+//! resources offline, without a cluster: plurals are guessed from kind names
+//! ([`guess_plural`]) unless `--plural` gives them.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
+};
 use kube::api::ObjectMeta;
 use wasmop_contract::{KindRef, Manifest};
 
 use crate::cli::RbacArgs;
 use crate::plugin::access::{self, Need, Resource};
+use crate::plugin::identity;
 
 /// How to name and bind the rules.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// ClusterRole and ClusterRoleBinding name; `wasmop-plugin-<plugin>` when `None`.
+    /// The plugin's ConfigMap, which names its ServiceAccount; the manifest name when `None`.
+    pub configmap: Option<String>,
+    /// What the role names start with; `wasmop-plugin-<configmap>` when `None`.
     pub name: Option<String>,
-    /// Namespace of the host's ServiceAccount.
+    /// The host's namespace: its ServiceAccount's and the plugins'.
     pub namespace: String,
     /// The host's ServiceAccount.
     pub service_account: String,
+    /// Rights in this namespace only (Roles), for a host run with `--watch-namespace`.
+    pub watch_namespace: Option<String>,
     /// `(Kind, plural)` overrides of [`guess_plural`].
     pub plurals: Vec<(String, String)>,
 }
@@ -32,16 +48,18 @@ pub struct Options {
 pub fn run(args: RbacArgs) -> anyhow::Result<()> {
     let (_, plugin) = super::load_module(&args.plugin)?;
     let options = Options {
+        configmap: args.configmap,
         name: args.name,
         namespace: args.namespace,
         service_account: args.service_account,
+        watch_namespace: args.watch_namespace,
         plurals: args.plurals,
     };
     print!("{}", render(plugin.manifest(), &options)?);
     Ok(())
 }
 
-/// The ClusterRole and ClusterRoleBinding for `manifest`, as a commented multi-document YAML.
+/// The objects for `manifest`, as a commented multi-document YAML.
 pub fn render(manifest: &Manifest, options: &Options) -> anyhow::Result<String> {
     let kinds: Vec<&str> = std::iter::once(&manifest.parent)
         .chain(&manifest.children)
@@ -77,46 +95,113 @@ pub fn render(manifest: &Manifest, options: &Options) -> anyhow::Result<String> 
         .collect();
     let needs = access::needs(&resource(&manifest.parent), &children, &related);
 
-    let name = options
-        .name
-        .clone()
-        .unwrap_or_else(|| format!("wasmop-plugin-{}", manifest.name));
-    let metadata = ObjectMeta {
-        name: Some(name.clone()),
+    let configmap = options.configmap.as_deref().unwrap_or(&manifest.name);
+    let account = identity::service_account(configmap)?;
+    let base = options.name.clone().unwrap_or_else(|| account.clone());
+    let meta = |name: String, namespace: Option<&str>| ObjectMeta {
+        name: Some(name),
+        namespace: namespace.map(str::to_string),
         labels: Some(BTreeMap::from([(
             "app.kubernetes.io/part-of".to_string(),
             "wasmop".to_string(),
         )])),
         ..Default::default()
     };
-    let role = ClusterRole {
-        metadata: metadata.clone(),
-        rules: Some(rules(&needs)),
+    let subject = |name: &str| Subject {
+        kind: "ServiceAccount".into(),
+        name: name.to_string(),
+        namespace: Some(options.namespace.clone()),
         ..Default::default()
     };
-    let binding = ClusterRoleBinding {
-        metadata,
-        role_ref: RoleRef {
+    let host_ns = Some(options.namespace.as_str());
+    let mut docs = vec![yaml(&ServiceAccount {
+        metadata: meta(account.clone(), host_ns),
+        // Never mounted: the host impersonates it, nothing runs as it.
+        automount_service_account_token: Some(false),
+        ..Default::default()
+    })?];
+    let grants = [
+        (base.clone(), rules(&needs.plugin), &account),
+        (
+            format!("{base}-reads"),
+            rules(&needs.host),
+            &options.service_account,
+        ),
+    ];
+    for (name, rules, to) in grants {
+        let watch = options.watch_namespace.as_deref();
+        let role_ref = |kind: &str| RoleRef {
             api_group: Some("rbac.authorization.k8s.io".into()),
-            kind: "ClusterRole".into(),
-            name,
-        },
-        subjects: Some(vec![Subject {
-            kind: "ServiceAccount".into(),
-            name: options.service_account.clone(),
-            namespace: Some(options.namespace.clone()),
+            kind: kind.into(),
+            name: name.clone(),
+        };
+        if watch.is_some() {
+            docs.push(yaml(&Role {
+                metadata: meta(name.clone(), watch),
+                rules: Some(rules),
+            })?);
+            docs.push(yaml(&RoleBinding {
+                metadata: meta(name.clone(), watch),
+                role_ref: role_ref("Role"),
+                subjects: Some(vec![subject(to)]),
+            })?);
+        } else {
+            docs.push(yaml(&ClusterRole {
+                metadata: meta(name.clone(), None),
+                rules: Some(rules),
+                ..Default::default()
+            })?);
+            docs.push(yaml(&ClusterRoleBinding {
+                metadata: meta(name.clone(), None),
+                role_ref: role_ref("ClusterRole"),
+                subjects: Some(vec![subject(to)]),
+            })?);
+        }
+    }
+    let impersonate = format!("{base}-impersonate");
+    docs.push(yaml(&Role {
+        metadata: meta(impersonate.clone(), host_ns),
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec![String::new()]),
+            resources: Some(vec!["serviceaccounts".into()]),
+            resource_names: Some(vec![account.clone()]),
+            verbs: vec!["impersonate".into()],
             ..Default::default()
         }]),
-    };
+    })?);
+    docs.push(yaml(&RoleBinding {
+        metadata: meta(impersonate.clone(), host_ns),
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "Role".into(),
+            name: impersonate,
+        },
+        subjects: Some(vec![subject(&options.service_account)]),
+    })?);
+    let scope = options
+        .watch_namespace
+        .as_deref()
+        .map_or("every namespace".to_string(), |ns| {
+            format!("namespace {ns}")
+        });
     Ok(format!(
-        "# What the wasmop host needs to run the plugin {:?} in every namespace: its parent, child\n\
-         # and related kinds, and Events on parents. Printed by `wasmop rbac`; resource plurals are\n\
-         # guessed from kind names (compare with `kubectl api-resources`, fix with --plural).\n\
-         ---\n{}---\n{}",
+        "# What the plugin {:?} needs in {scope}, printed by `wasmop rbac`:\n\
+         # - ServiceAccount {}/{account} (from ConfigMap {configmap}),\n\
+         #   which makes every write for the plugin: children, status, finalizers, Events;\n\
+         # - what the host ({}) reads with its own identity;\n\
+         # - the host's right to impersonate that one ServiceAccount.\n\
+         # Resource plurals are guessed from kind names (compare with `kubectl api-resources`,\n\
+         # fix with --plural).\n\
+         ---\n{}",
         manifest.name,
-        serde_yaml::to_string(&role)?,
-        serde_yaml::to_string(&binding)?
+        options.namespace,
+        options.service_account,
+        docs.join("---\n")
     ))
+}
+
+fn yaml(value: &impl serde::Serialize) -> anyhow::Result<String> {
+    Ok(serde_yaml::to_string(value)?)
 }
 
 /// One rule per API group and verb set, resources in order of first appearance.
@@ -169,9 +254,11 @@ mod tests {
 
     fn options() -> Options {
         Options {
+            configmap: None,
             name: None,
             namespace: "wasmop-system".into(),
             service_account: "wasmop".into(),
+            watch_namespace: None,
             plurals: Vec::new(),
         }
     }
@@ -241,32 +328,97 @@ mod tests {
                 .collect::<Vec<_>>()
                 .join(",")
         };
-        let rules: Vec<String> = docs[0]["rules"]
-            .as_array()
-            .unwrap()
+        let rules = |doc: &serde_json::Value| -> Vec<String> {
+            doc["rules"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| {
+                    format!(
+                        "{}: {} [{}]",
+                        r["apiGroups"][0].as_str().unwrap(),
+                        joined(&r["resources"]),
+                        joined(&r["verbs"]),
+                    )
+                })
+                .collect()
+        };
+        let kinds: Vec<&str> = docs.iter().map(|d| d["kind"].as_str().unwrap()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "ServiceAccount",
+                "ClusterRole",
+                "ClusterRoleBinding",
+                "ClusterRole",
+                "ClusterRoleBinding",
+                "Role",
+                "RoleBinding"
+            ]
+        );
+        assert_eq!(docs[0]["metadata"]["name"], "wasmop-plugin-edge");
+        assert_eq!(docs[0]["automountServiceAccountToken"], false);
+        // The plugin's identity writes.
+        assert_eq!(
+            rules(&docs[1]),
+            [
+                "net.example.com: gateways,gateways/status [patch]",
+                "net.example.com: gateways/finalizers [update]",
+                ": services,endpoints [create,patch,delete]",
+                "events.k8s.io: events [create,patch]",
+            ]
+        );
+        assert_eq!(docs[2]["roleRef"]["name"], "edge-rbac");
+        assert_eq!(docs[2]["subjects"][0]["name"], "wasmop-plugin-edge");
+        // The host reads.
+        assert_eq!(
+            rules(&docs[3]),
+            [
+                "net.example.com: gateways [get,list,watch]",
+                ": services,endpoints,pods [get,list,watch]",
+            ]
+        );
+        assert_eq!(docs[4]["roleRef"]["name"], "edge-rbac-reads");
+        assert_eq!(docs[4]["subjects"][0]["name"], "wasmop");
+        // And may impersonate that one account, in its own namespace.
+        assert_eq!(docs[5]["metadata"]["namespace"], "wasmop-system");
+        assert_eq!(docs[5]["rules"][0]["verbs"][0], "impersonate");
+        assert_eq!(
+            docs[5]["rules"][0]["resourceNames"],
+            serde_json::json!(["wasmop-plugin-edge"])
+        );
+        assert_eq!(docs[6]["subjects"][0]["name"], "wasmop");
+
+        // One namespace: Roles there, the account and the impersonation where the host is.
+        opts.watch_namespace = Some("team-a".into());
+        opts.configmap = Some("edge-v2".into());
+        let yaml = render(&manifest, &opts).unwrap();
+        let docs: Vec<serde_json::Value> = serde_yaml::Deserializer::from_str(&yaml)
+            .map(|d| serde::Deserialize::deserialize(d).unwrap())
+            .collect();
+        let placed: Vec<String> = docs
             .iter()
-            .map(|r| {
+            .map(|d| {
                 format!(
-                    "{}: {} [{}]",
-                    r["apiGroups"][0].as_str().unwrap(),
-                    joined(&r["resources"]),
-                    joined(&r["verbs"]),
+                    "{} {}",
+                    d["kind"].as_str().unwrap(),
+                    d["metadata"]["namespace"]
                 )
             })
             .collect();
         assert_eq!(
-            rules,
+            placed,
             [
-                "net.example.com: gateways [get,list,watch,patch]",
-                "net.example.com: gateways/status [patch]",
-                "net.example.com: gateways/finalizers [update]",
-                ": services,endpoints [get,list,watch,create,patch,delete]",
-                ": pods [get,list,watch]",
-                "events.k8s.io: events [create,patch]",
+                "ServiceAccount \"wasmop-system\"",
+                "Role \"team-a\"",
+                "RoleBinding \"team-a\"",
+                "Role \"team-a\"",
+                "RoleBinding \"team-a\"",
+                "Role \"wasmop-system\"",
+                "RoleBinding \"wasmop-system\"",
             ]
         );
-        assert_eq!(docs[1]["roleRef"]["name"], "edge-rbac");
-        assert_eq!(docs[1]["subjects"][0]["namespace"], "wasmop-system");
+        assert_eq!(docs[0]["metadata"]["name"], "wasmop-plugin-edge-v2");
 
         opts.plurals = vec![("Nope".into(), "nopes".into())];
         let err = render(&manifest, &opts).unwrap_err().to_string();

@@ -15,11 +15,15 @@ use wasmop_contract::ValidationError;
 
 use crate::apply::{ChildError, Conflict};
 use crate::sandbox::{PluginError, PluginErrorKind};
+use crate::text::{api_error, is_forbidden};
 use crate::watch::ObjKey;
 
 /// One step of one reconcile failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
+    /// The parent is nested deeper than the host can decode; the plugin is not called.
+    #[error("the object cannot be decoded, so the plugin is not called: {0}")]
+    Undecodable(String),
     /// A call into the plugin failed (`related` or `reconcile`).
     #[error(transparent)]
     Plugin(PluginError),
@@ -36,10 +40,10 @@ pub enum ReconcileError {
     #[error("{}", join(.0))]
     ChildConflict(Vec<Conflict>),
     /// The parent's status could not be written.
-    #[error("writing the status: {0}")]
+    #[error("writing the status: {}", api_error(.0))]
     Status(#[source] kube::Error),
     /// The plugin's finalizer could not be added to or removed from the parent.
-    #[error("updating the finalizer {finalizer}: {source}")]
+    #[error("updating the finalizer {finalizer}: {}", api_error(.source))]
     Finalizer {
         /// `wasmop.io/<plugin>`.
         finalizer: String,
@@ -60,7 +64,11 @@ fn join(errors: &[impl ToString]) -> String {
 impl ReconcileError {
     /// A stable UpperCamelCase word for the `Ready` condition, the Event and the metric label.
     pub fn reason(&self) -> &'static str {
+        if self.is_forbidden() {
+            return "Forbidden";
+        }
         match self {
+            Self::Undecodable(_) => "Undecodable",
             Self::Plugin(e) => e.reason(),
             // The same fault as the sandbox's `InvalidOutput`, so the same word.
             Self::InvalidSelector(_) | Self::InvalidOutput(_) => "InvalidPluginOutput",
@@ -68,6 +76,15 @@ impl ReconcileError {
             Self::ChildConflict(_) => "ChildConflict",
             Self::Status(_) => "StatusWriteFailed",
             Self::Finalizer { .. } => "FinalizerUpdateFailed",
+        }
+    }
+
+    /// Whether the plugin's identity was refused a write (RBAC to grant it).
+    pub fn is_forbidden(&self) -> bool {
+        match self {
+            Self::Apply(errors) => errors.iter().any(|e| is_forbidden(&e.source)),
+            Self::Status(e) | Self::Finalizer { source: e, .. } => is_forbidden(e),
+            _ => false,
         }
     }
 
@@ -88,7 +105,8 @@ impl ReconcileError {
                 | PluginErrorKind::InvalidManifest(_)
                 | PluginErrorKind::Internal(_) => false,
             },
-            Self::InvalidSelector(_) | Self::InvalidOutput(_) => true,
+            // Only a change of the object can help.
+            Self::Undecodable(_) | Self::InvalidSelector(_) | Self::InvalidOutput(_) => true,
             // The cluster's state, not the plugin's: the holder may go away.
             Self::Apply(_) | Self::ChildConflict(_) | Self::Status(_) | Self::Finalizer { .. } => {
                 false
@@ -157,6 +175,44 @@ mod tests {
         let apply = ReconcileError::Apply(Vec::new());
         assert!(!apply.is_guest_fault());
         assert_eq!(apply.reason(), "ApplyFailed");
+    }
+
+    fn refused(code: u16, message: &str) -> kube::Error {
+        kube::Error::Api(Box::new(kube::core::Status {
+            code,
+            message: message.into(),
+            ..Default::default()
+        }))
+    }
+
+    #[test]
+    fn a_refused_write_is_forbidden_and_names_the_verb_and_resource() {
+        let said = r#"secrets "token" is forbidden: User "system:serviceaccount:w:wasmop-plugin-x" cannot patch resource "secrets" in API group "" in the namespace "ns""#;
+        let child = |source| ChildError {
+            action: "apply",
+            kind: "Secret".into(),
+            namespace: "ns".into(),
+            name: "token".into(),
+            source,
+        };
+        let apply = ReconcileError::Apply(vec![
+            child(refused(500, "etcd is slow")),
+            child(refused(403, said)),
+        ]);
+        assert!(apply.is_forbidden());
+        assert_eq!(apply.reason(), "Forbidden");
+        assert!(!apply.is_guest_fault(), "an admin may grant it");
+        let message = apply.to_string();
+        assert!(
+            message.ends_with(&format!("apply Secret ns/token: {said} (403)")),
+            "{message}"
+        );
+        let status = ReconcileError::Status(refused(403, said));
+        assert_eq!(status.reason(), "Forbidden");
+        assert_eq!(
+            ReconcileError::Status(refused(409, "conflict")).reason(),
+            "StatusWriteFailed"
+        );
     }
 
     #[test]

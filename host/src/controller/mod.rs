@@ -19,7 +19,7 @@ use futures::stream::{self, BoxStream, StreamExt};
 use kube::Client;
 use kube::api::DynamicObject;
 use kube::core::{Selector, SelectorExt};
-use kube::runtime::events::Recorder;
+use kube::runtime::events::{Recorder, Reporter};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -61,7 +61,7 @@ impl Default for Config {
 }
 
 enum Command {
-    Swap(Loaded),
+    Swap(Box<Loaded>),
     Stop(oneshot::Sender<()>),
 }
 
@@ -86,7 +86,7 @@ impl ControllerHandle {
 
     /// Replaces the plugin version; every parent is reconciled again with the new one.
     pub fn swap(&self, loaded: Loaded) {
-        let _ = self.commands.send(Command::Swap(loaded));
+        let _ = self.commands.send(Command::Swap(Box::new(loaded)));
     }
 
     /// Stops taking work, waits for reconciles in flight, and drops the watches.
@@ -101,8 +101,8 @@ impl ControllerHandle {
 
 /// What a reconcile needs that does not change between reconciles.
 pub struct Shared {
-    /// The API client.
-    pub client: Client,
+    /// The plugin's identity: every write of this controller is made with it.
+    pub writer: Client,
     /// The plugin's kinds, resolved.
     pub kinds: Kinds,
     /// `kinds.all_children()`, computed once.
@@ -141,9 +141,8 @@ enum Role {
 
 /// Starts a controller for `loaded` over `kinds`.
 pub fn spawn(
-    client: Client,
     hub: &Hub,
-    recorder: Recorder,
+    reporter: Reporter,
     kinds: Kinds,
     loaded: Loaded,
     config: Config,
@@ -171,14 +170,16 @@ pub fn spawn(
             .map(|(_, s)| s.cache().clone())
             .collect()
     };
+    // The identity is the ConfigMap's, so it stays the same across swaps.
+    let writer = loaded.identity.client().clone();
     let shared = Arc::new(Shared {
-        client,
+        events: Events::folding(Recorder::new(writer.clone(), reporter)),
+        writer,
         parents: subs[0].1.cache().clone(),
         children: cache_of(|r| matches!(r, Role::Child(_))),
         related: cache_of(|r| matches!(r, Role::Related(_))),
         kinds: kinds.clone(),
         child_kinds,
-        events: Events::folding(recorder),
         selectors: Mutex::default(),
     });
     let (tx, rx) = mpsc::unbounded_channel();
@@ -378,7 +379,7 @@ impl Runner {
             tokio::select! {
                 Some((role, change)) = changes.next() => self.on_change(role, change),
                 cmd = commands.recv(), if stop.is_none() => match cmd {
-                    Some(Command::Swap(loaded)) => self.on_swap(loaded),
+                    Some(Command::Swap(loaded)) => self.on_swap(*loaded),
                     Some(Command::Stop(ack)) => stop = Some(ack),
                     None => break,
                 },

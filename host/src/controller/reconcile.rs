@@ -32,7 +32,7 @@ use crate::status::{self, Ready};
 use crate::telemetry::metrics;
 use crate::telemetry::metrics::{CallLabels, PluginLabels, ReasonLabels, ResultLabels};
 use crate::text::truncate;
-use crate::watch::ObjKey;
+use crate::watch::{ObjKey, undecodable};
 
 /// What a successful reconcile asks of the queue.
 #[derive(Debug, Default)]
@@ -129,6 +129,10 @@ async fn steps(
     parent: &Arc<DynamicObject>,
     may_defer_status: bool,
 ) -> Result<Outcome, Failure> {
+    // 0. An object the watch could not decode is only reported, never handed to the plugin.
+    if let Some(error) = undecodable(parent) {
+        return Err(ReconcileError::Undecodable(error.to_string()).into());
+    }
     let step = Step::new(shared, loaded, parent);
     // 1. Finalizer: deletion is the garbage collector's job unless the plugin asked to run.
     if !step.ensure_finalizer().await? {
@@ -212,7 +216,7 @@ impl<'a> Step<'a> {
             api: shared
                 .kinds
                 .parent
-                .api(&shared.client, parent.metadata.namespace.as_deref()),
+                .api(&shared.writer, parent.metadata.namespace.as_deref()),
             deleting: parent.metadata.deletion_timestamp.is_some(),
         }
     }
@@ -338,7 +342,7 @@ impl<'a> Step<'a> {
             plugin: &self.manifest().name,
             field_manager: &field_manager,
         };
-        let report = apply::reconcile_children(&self.shared.client, children).await?;
+        let report = apply::reconcile_children(&self.shared.writer, children).await?;
         if report != apply::Report::default() {
             tracing::info!(
                 applied = report.applied,
@@ -438,7 +442,7 @@ async fn record_failure(
     let api = shared
         .kinds
         .parent
-        .api(&shared.client, parent.metadata.namespace.as_deref());
+        .api(&shared.writer, parent.metadata.namespace.as_deref());
     let field_manager = loaded.plugin.manifest().field_manager();
     if let Err(e) = status::write(&api, parent, desired, &field_manager).await {
         tracing::warn!(error = %e, "could not record the failure in the parent's status");

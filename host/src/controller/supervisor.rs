@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use kube::Client;
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 
 use super::{Config, ControllerHandle, spawn};
 use crate::kinds::Kinds;
@@ -16,10 +16,9 @@ use crate::watch::Hub;
 
 /// The controllers of one host, by plugin ConfigMap.
 pub struct Supervisor {
-    client: Client,
     hub: Hub,
-    // Events on parents, folded into series by kube-runtime.
-    recorder: Recorder,
+    // Names the host in Events on parents (each plugin's identity writes them).
+    reporter: Reporter,
     config: Config,
     running: HashMap<String, ControllerHandle>,
 }
@@ -33,9 +32,8 @@ impl Supervisor {
         config: Config,
     ) -> Self {
         Supervisor {
-            hub: Hub::new(client.clone(), watch_namespace),
-            recorder: Recorder::new(client.clone(), reporter),
-            client,
+            hub: Hub::new(client, watch_namespace),
+            reporter,
             config,
             running: HashMap::new(),
         }
@@ -43,9 +41,8 @@ impl Supervisor {
 
     fn spawn(&self, kinds: Kinds, loaded: Loaded) -> ControllerHandle {
         spawn(
-            self.client.clone(),
             &self.hub,
-            self.recorder.clone(),
+            self.reporter.clone(),
             kinds,
             loaded,
             self.config.clone(),

@@ -1,13 +1,15 @@
-//! Whether the host may do everything a plugin needs, asked before the plugin runs.
+//! Whether the host and the plugin's identity may do everything a plugin needs, asked before
+//! the plugin runs.
 //!
-//! Without this check, a plugin the host's ServiceAccount may not serve loads fine and then
-//! fails on every watch and every write, with `Forbidden` errors scattered over the log. So the
-//! registry asks the API server first, one SelfSubjectAccessReview per verb and resource, and
-//! refuses the plugin with one message that lists every missing permission and says how to
-//! grant them.
+//! Without this check, a plugin loads fine and then fails on every watch and every write, with
+//! `Forbidden` errors scattered over the log. So the loader asks the API server first, one
+//! SelfSubjectAccessReview per verb and resource — the host's own for what it reads, and one
+//! sent as the plugin's [`Identity`] for what it writes — and refuses the plugin with one
+//! message that lists every missing permission and says how to grant them. The API server
+//! enforces the same rules on every request; the check only explains them early.
 //!
-//! [`needs`] is the single list of what the host does with a plugin's kinds: the check asks
-//! for it and `wasmop rbac` prints it, so the granted rules and the checked ones agree.
+//! [`needs`] is the single list of what is done with a plugin's kinds, and by whom: the check
+//! asks for it and `wasmop rbac` prints it, so the granted rules and the checked ones agree.
 
 use futures::stream::{self, StreamExt};
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
@@ -17,22 +19,22 @@ use k8s_openapi::api::authorization::v1::{
 use kube::Client;
 use kube::api::{Api, PostParams};
 
+use super::identity::Identity;
 use crate::kinds::{Kinds, ResolvedKind};
 
-/// On the parent kind: watched (`list`, `watch`), read, and patched to add or remove the
-/// plugin's finalizer.
-pub const PARENT_VERBS: &[&str] = &["get", "list", "watch", "patch"];
+/// What the host reads with its own identity: the parent, child and related kinds, watched.
+pub const READ_VERBS: &[&str] = &["get", "list", "watch"];
+/// What the plugin's identity does to the parent: a patch adds or removes its finalizer.
+pub const PARENT_VERBS: &[&str] = &["patch"];
 /// On the parent's `status` subresource, written with a merge patch.
 pub const STATUS_VERBS: &[&str] = &["patch"];
 /// On the parent's `finalizers` subresource: a child's owner reference with
 /// `blockOwnerDeletion` needs it where the `OwnerReferencesPermissionEnforcement` admission
 /// plugin is on (OpenShift, hardened clusters).
 pub const FINALIZERS_VERBS: &[&str] = &["update"];
-/// On child kinds: watched, server-side applied (`patch`, and `create` as well: an apply that
-/// creates the object is authorized as a create), and pruned.
-pub const CHILD_VERBS: &[&str] = &["get", "list", "watch", "create", "patch", "delete"];
-/// On related kinds: only watched.
-pub const RELATED_VERBS: &[&str] = &["get", "list", "watch"];
+/// On child kinds: server-side applied (`patch`, and `create` as well: an apply that creates
+/// the object is authorized as a create), and pruned.
+pub const CHILD_VERBS: &[&str] = &["create", "patch", "delete"];
 /// On `events.k8s.io` Events, in the parents' namespaces: kube's recorder creates an Event and
 /// patches it when it repeats.
 pub const EVENT_VERBS: &[&str] = &["create", "patch"];
@@ -100,102 +102,208 @@ impl Need {
     }
 }
 
-/// Everything the host needs to run a plugin with these kinds: parent, children, related
-/// kinds, and Events on parents. A resource that plays two roles (a child that is also
-/// related) appears once with the union of the verbs.
-pub fn needs(parent: &Resource, children: &[Resource], related: &[Resource]) -> Vec<Need> {
-    let mut all: Vec<Need> = Vec::new();
-    let mut add = |r: &Resource, sub: Option<&str>, verbs: &[&'static str]| {
-        let found = all.iter_mut().find(|n| {
-            n.group == r.group && n.resource == r.plural && n.subresource.as_deref() == sub
+/// What a plugin needs, split by who needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Needs {
+    /// The host reads, with its own identity.
+    pub host: Vec<Need>,
+    /// The plugin's identity writes.
+    pub plugin: Vec<Need>,
+}
+
+/// Adds `verbs` on `r` (and `sub`) to `all`, merging with what is there already.
+fn add(all: &mut Vec<Need>, r: &Resource, sub: Option<&str>, verbs: &[&'static str]) {
+    let found = all.iter().position(|n| {
+        n.group == r.group && n.resource == r.plural && n.subresource.as_deref() == sub
+    });
+    let i = found.unwrap_or_else(|| {
+        all.push(Need {
+            group: r.group.clone(),
+            resource: r.plural.clone(),
+            subresource: sub.map(str::to_string),
+            verbs: Vec::new(),
+            namespaced: r.namespaced,
         });
-        let need = match found {
-            Some(n) => n,
-            None => {
-                all.push(Need {
-                    group: r.group.clone(),
-                    resource: r.plural.clone(),
-                    subresource: sub.map(str::to_string),
-                    verbs: Vec::new(),
-                    namespaced: r.namespaced,
-                });
-                all.last_mut().expect("just pushed")
-            }
-        };
-        for verb in verbs {
-            if !need.verbs.contains(verb) {
-                need.verbs.push(verb);
-            }
+        all.len() - 1
+    });
+    let need = &mut all[i];
+    for verb in verbs {
+        if !need.verbs.contains(verb) {
+            need.verbs.push(verb);
         }
-        need.verbs
-            .sort_by_key(|v| VERB_ORDER.iter().position(|o| o == v));
-    };
-    add(parent, None, PARENT_VERBS);
-    add(parent, Some("status"), STATUS_VERBS);
-    add(parent, Some("finalizers"), FINALIZERS_VERBS);
-    for c in children {
-        add(c, None, CHILD_VERBS);
     }
-    for r in related {
-        add(r, None, RELATED_VERBS);
+    need.verbs
+        .sort_by_key(|v| VERB_ORDER.iter().position(|o| o == v));
+}
+
+/// Everything needed to run a plugin with these kinds. A resource that plays two roles (a
+/// child that is also related) appears once per list with the union of the verbs.
+pub fn needs(parent: &Resource, children: &[Resource], related: &[Resource]) -> Needs {
+    let mut host = Vec::new();
+    for r in std::iter::once(parent).chain(children).chain(related) {
+        add(&mut host, r, None, READ_VERBS);
+    }
+    let mut plugin = Vec::new();
+    add(&mut plugin, parent, None, PARENT_VERBS);
+    add(&mut plugin, parent, Some("status"), STATUS_VERBS);
+    add(&mut plugin, parent, Some("finalizers"), FINALIZERS_VERBS);
+    for c in children {
+        add(&mut plugin, c, None, CHILD_VERBS);
     }
     let events = Resource {
         group: "events.k8s.io".into(),
         plural: "events".into(),
         namespaced: true,
     };
-    add(&events, None, EVENT_VERBS);
-    all
+    add(&mut plugin, &events, None, EVENT_VERBS);
+    Needs { host, plugin }
 }
 
 /// [`needs`] for resolved kinds.
-pub fn needs_of(kinds: &Kinds) -> Vec<Need> {
+pub fn needs_of(kinds: &Kinds) -> Needs {
     let children: Vec<Resource> = kinds.children.iter().map(Resource::from).collect();
     let related: Vec<Resource> = kinds.related.iter().map(|(k, _)| k.into()).collect();
     needs(&(&kinds.parent).into(), &children, &related)
 }
 
-/// Permissions the host lacks for a plugin, all of them, in one message that says how to grant
-/// them.
+/// Permissions one identity lacks for a plugin, all of them, in one message that says how to
+/// grant them.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "{} lacks permissions this plugin needs {}: it may not {}; grant them with \
+    "{who} lacks permissions this plugin needs {}: it may not {}; grant them with \
      `wasmop rbac <plugin.wasm> | kubectl apply -f -`",
-    .who.as_deref().map_or("the host".to_string(), |u| format!("the host ({u})")),
     .namespace.as_deref().map_or("in all namespaces".to_string(), |ns| format!("in namespace {ns}")),
     .missing.join("; ")
 )]
 pub struct Missing {
-    /// The user the host authenticates as, when it could be found out.
-    pub who: Option<String>,
+    /// `the host (<user>)` or `the plugin's ServiceAccount <namespace>/<name>`.
+    pub who: String,
     /// The one namespace checked, or `None` for all namespaces.
     pub namespace: Option<String>,
     /// `verb, verb resource` per resource.
     pub missing: Vec<String>,
 }
 
-/// Asks the API server whether the host may do everything [`needs_of`] lists: cluster-wide, or
-/// in `namespace` for namespaced kinds when the host watches only that one
-/// (`--watch-namespace`). Every missing permission is in the error.
+/// Why the check did not pass.
+#[derive(Debug, thiserror::Error)]
+pub enum AccessError {
+    /// Something is not granted.
+    #[error(transparent)]
+    Missing(Missing),
+    /// A review could not be sent; nothing is assumed, the check runs again later.
+    #[error("could not check permissions ({need}): {source}")]
+    Review {
+        /// `verb resource` asked about.
+        need: String,
+        /// What the API server said.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// Asks the API server whether the host may read, and `identity` may write, everything
+/// [`needs_of`] lists: cluster-wide, or in `namespace` for namespaced kinds when the host
+/// watches only that one (`--watch-namespace`). Every missing permission of one identity is in
+/// the error.
 ///
-/// A review that cannot be sent is logged and counted as allowed: the check is there to explain
-/// failures early, and an API hiccup should not fail a plugin that may well be permitted.
-pub async fn check(client: &Client, kinds: &Kinds, namespace: Option<&str>) -> Result<(), Missing> {
+/// Refused outright when the host may not impersonate the identity or read the kinds, or when
+/// the identity may not write the parent's status (its parents could not even say what went
+/// wrong). Other rights the identity lacks — a child kind, Events — are an admin's choice to
+/// make: the plugin runs, and they come back as `Ok(Some(withheld))`, to be reported on the
+/// ConfigMap; those writes then fail on the parents with `Forbidden`.
+pub async fn check(
+    host: &Client,
+    identity: &Identity,
+    kinds: &Kinds,
+    namespace: Option<&str>,
+) -> Result<Option<Missing>, AccessError> {
+    let who_host = || async {
+        match whoami(host).await {
+            Some(user) => format!("the host ({user})"),
+            None => "the host".to_string(),
+        }
+    };
+    let impersonate = Need {
+        group: String::new(),
+        resource: "serviceaccounts".into(),
+        subresource: None,
+        verbs: vec!["impersonate"],
+        namespaced: true,
+    };
+    let granted = allowed(
+        host,
+        &impersonate,
+        "impersonate",
+        Some(identity.namespace()),
+        Some(identity.service_account()),
+    )
+    .await?;
+    if !granted {
+        return Err(AccessError::Missing(Missing {
+            who: who_host().await,
+            namespace: Some(identity.namespace().to_string()),
+            missing: vec![format!(
+                "impersonate serviceaccounts/{}",
+                identity.service_account()
+            )],
+        }));
+    }
     let needs = needs_of(kinds);
-    let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
+    let missing = missing_of(host, &needs.host, namespace).await?;
+    if !missing.is_empty() {
+        return Err(AccessError::Missing(Missing {
+            who: who_host().await,
+            namespace: namespace.map(str::to_string),
+            missing: missing.into_iter().map(|(_, m)| m).collect(),
+        }));
+    }
+    let missing = missing_of(identity.client(), &needs.plugin, namespace).await?;
+    if missing.is_empty() {
+        return Ok(None);
+    }
+    let blocking = missing
+        .iter()
+        .any(|(i, _)| needs.plugin[*i].subresource.as_deref() == Some("status"));
+    let missing = Missing {
+        who: format!(
+            "the plugin's ServiceAccount {}/{}",
+            identity.namespace(),
+            identity.service_account()
+        ),
+        namespace: namespace.map(str::to_string),
+        missing: missing.into_iter().map(|(_, m)| m).collect(),
+    };
+    if blocking {
+        Err(AccessError::Missing(missing))
+    } else {
+        Ok(Some(missing))
+    }
+}
+
+/// `verb, verb resource` for every need `client` is not granted, with the need's index.
+async fn missing_of(
+    client: &Client,
+    needs: &[Need],
+    namespace: Option<&str>,
+) -> Result<Vec<(usize, String)>, AccessError> {
     // Owned futures, a handful at a time: a plugin has a few kinds, so a few round trips.
     let mut asks = Vec::new();
     for (i, need) in needs.iter().enumerate() {
         let ns = namespace.filter(|_| need.namespaced).map(str::to_string);
         for verb in need.verbs.iter().copied() {
-            let (api, need, ns) = (api.clone(), need.clone(), ns.clone());
-            asks.push(async move { (i, verb, allowed(&api, &need, verb, ns.as_deref()).await) });
+            let (client, need, ns) = (client.clone(), need.clone(), ns.clone());
+            asks.push(async move {
+                let ok = allowed(&client, &need, verb, ns.as_deref(), None).await;
+                ok.map(|ok| (i, verb, ok))
+            });
         }
     }
-    let answers: Vec<(usize, &'static str, bool)> = stream::iter(asks).buffered(8).collect().await;
+    let answers: Vec<Result<(usize, &'static str, bool), AccessError>> =
+        stream::iter(asks).buffered(8).collect().await;
 
     let mut missing: Vec<(usize, Vec<&str>)> = Vec::new();
-    for (i, verb, ok) in answers {
+    for answer in answers {
+        let (i, verb, ok) = answer?;
         if ok {
             continue;
         }
@@ -204,26 +312,20 @@ pub async fn check(client: &Client, kinds: &Kinds, namespace: Option<&str>) -> R
             None => missing.push((i, vec![verb])),
         }
     }
-    if missing.is_empty() {
-        return Ok(());
-    }
-    Err(Missing {
-        who: whoami(client).await,
-        namespace: namespace.map(str::to_string),
-        missing: missing
-            .iter()
-            .map(|(i, verbs)| format!("{} {}", verbs.join(", "), needs[*i].display()))
-            .collect(),
-    })
+    Ok(missing
+        .iter()
+        .map(|(i, verbs)| (*i, format!("{} {}", verbs.join(", "), needs[*i].display())))
+        .collect())
 }
 
-/// One SelfSubjectAccessReview; `true` when allowed or when the review itself failed.
+/// One SelfSubjectAccessReview, answered for whoever `client` authenticates as.
 async fn allowed(
-    api: &Api<SelfSubjectAccessReview>,
+    client: &Client,
     need: &Need,
     verb: &str,
     namespace: Option<&str>,
-) -> bool {
+    name: Option<&str>,
+) -> Result<bool, AccessError> {
     let review = SelfSubjectAccessReview {
         spec: SelfSubjectAccessReviewSpec {
             resource_attributes: Some(ResourceAttributes {
@@ -232,18 +334,20 @@ async fn allowed(
                 subresource: need.subresource.clone(),
                 verb: Some(verb.to_string()),
                 namespace: namespace.map(str::to_string),
+                name: name.map(str::to_string),
                 ..Default::default()
             }),
             ..Default::default()
         },
         ..Default::default()
     };
+    let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
     match api.create(&PostParams::default(), &review).await {
-        Ok(r) => r.status.is_some_and(|s| s.allowed),
-        Err(e) => {
-            tracing::warn!(resource = %need.display(), verb, error = %e, "could not check a permission; assuming it is granted");
-            true
-        }
+        Ok(r) => Ok(r.status.is_some_and(|s| s.allowed)),
+        Err(source) => Err(AccessError::Review {
+            need: format!("{verb} {}", need.display()),
+            source,
+        }),
     }
 }
 
@@ -264,25 +368,25 @@ mod tests {
     #[test]
     fn missing_permissions_say_who_where_and_how_to_grant() {
         let m = Missing {
-            who: Some("system:serviceaccount:wasmop-system:wasmop".into()),
+            who: "the host (system:serviceaccount:wasmop-system:wasmop)".into(),
             namespace: None,
-            missing: vec!["create, patch apps/deployments".into(), "list pods".into()],
+            missing: vec!["list, watch deployments.apps".into(), "list pods".into()],
         };
         assert_eq!(
             m.to_string(),
             "the host (system:serviceaccount:wasmop-system:wasmop) lacks permissions this plugin \
-             needs in all namespaces: it may not create, patch apps/deployments; list pods; grant \
+             needs in all namespaces: it may not list, watch deployments.apps; list pods; grant \
              them with `wasmop rbac <plugin.wasm> | kubectl apply -f -`"
         );
         let m = Missing {
-            who: None,
+            who: "the plugin's ServiceAccount wasmop-system/wasmop-plugin-x".into(),
             namespace: Some("team-a".into()),
             ..m
         };
-        assert!(
-            m.to_string()
-                .starts_with("the host lacks permissions this plugin needs in namespace team-a:")
-        );
+        assert!(m.to_string().starts_with(
+            "the plugin's ServiceAccount wasmop-system/wasmop-plugin-x lacks permissions this \
+             plugin needs in namespace team-a:"
+        ));
     }
 
     fn res(group: &str, plural: &str) -> Resource {
@@ -293,29 +397,39 @@ mod tests {
         }
     }
 
+    fn shown(needs: &[Need]) -> Vec<String> {
+        needs
+            .iter()
+            .map(|n| format!("{} {}", n.display(), n.verbs.join(",")))
+            .collect()
+    }
+
     #[test]
-    fn parent_children_related_and_events() {
+    fn the_host_reads_and_the_plugin_writes() {
         let all = needs(
             &res("cache.example.com", "memcacheds"),
             &[res("apps", "deployments")],
             &[res("", "pods")],
         );
-        let shown: Vec<String> = all
-            .iter()
-            .map(|n| format!("{} {}", n.display(), n.verbs.join(",")))
-            .collect();
         assert_eq!(
-            shown,
+            shown(&all.host),
             [
-                "memcacheds.cache.example.com get,list,watch,patch",
+                "memcacheds.cache.example.com get,list,watch",
+                "deployments.apps get,list,watch",
+                "pods get,list,watch",
+            ]
+        );
+        assert_eq!(
+            shown(&all.plugin),
+            [
+                "memcacheds.cache.example.com patch",
                 "memcacheds.cache.example.com/status patch",
                 "memcacheds.cache.example.com/finalizers update",
-                "deployments.apps get,list,watch,create,patch,delete",
-                "pods get,list,watch",
+                "deployments.apps create,patch,delete",
                 "events.events.k8s.io create,patch",
             ]
         );
-        assert_eq!(all[1].rbac_resource(), "memcacheds/status");
+        assert_eq!(all.plugin[1].rbac_resource(), "memcacheds/status");
     }
 
     #[test]
@@ -325,11 +439,8 @@ mod tests {
             &[res("", "pods")],
             &[res("", "pods")],
         );
-        let pods: Vec<&Need> = all.iter().filter(|n| n.resource == "pods").collect();
+        let pods: Vec<&Need> = all.host.iter().filter(|n| n.resource == "pods").collect();
         assert_eq!(pods.len(), 1);
-        assert_eq!(
-            pods[0].verbs,
-            ["get", "list", "watch", "create", "patch", "delete"]
-        );
+        assert_eq!(pods[0].verbs, ["get", "list", "watch"]);
     }
 }

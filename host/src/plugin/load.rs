@@ -1,5 +1,5 @@
 //! Loading one version of a plugin: source → compiled, probed plugin → kinds resolved →
-//! permissions checked → [`Loaded`], or a typed [`LoadError`] saying why not and whether to
+//! its [`Identity`] → permissions checked → [`Loaded`], or a typed [`LoadError`] saying why not and whether to
 //! check again later.
 //!
 //! Nothing here keeps state or starts a controller: the registry decides what a result means
@@ -11,7 +11,8 @@ use std::time::Duration;
 use kube::Client;
 use serde_json::Value;
 
-use super::access::{self, Missing};
+use super::access::{self, AccessError, Missing};
+use super::identity::{Identity, NameTooLong};
 use super::notice::Notice;
 use super::source::PluginSource;
 use crate::config;
@@ -27,6 +28,11 @@ pub struct Loaded {
     pub settings: Arc<Value>,
     /// Its resync period.
     pub resync: Duration,
+    /// Who its writes are made as.
+    pub identity: Identity,
+    /// Rights the identity lacks that the plugin can run without (a child kind, Events):
+    /// those writes fail on the parents with `Forbidden`.
+    pub withheld: Option<Missing>,
 }
 
 impl Loaded {
@@ -51,16 +57,24 @@ pub enum LoadError {
     /// Some of its kinds are not served yet (a CRD to install).
     #[error("waiting for kinds to be served: {}", .0.join(", "))]
     WaitingForKinds(Vec<String>),
-    /// The host may not do what the plugin needs (RBAC to grant).
+    /// The host or the plugin's identity may not do what the plugin needs (RBAC to grant).
     #[error(transparent)]
     Forbidden(Missing),
+    /// The permissions could not be checked (the API server did not answer a review).
+    #[error(transparent)]
+    Unchecked(AccessError),
+    /// The ConfigMap's name cannot name a ServiceAccount.
+    #[error(transparent)]
+    Identity(NameTooLong),
 }
 
 impl LoadError {
     /// The Event it gives on the plugin's ConfigMap.
     pub fn notice(&self) -> Notice {
         match self {
-            Self::Plugin(_) | Self::Discovery(_) => Notice::LoadFailed,
+            Self::Plugin(_) | Self::Discovery(_) | Self::Unchecked(_) | Self::Identity(_) => {
+                Notice::LoadFailed
+            }
             Self::WaitingForKinds(_) => Notice::WaitingForKinds,
             Self::Forbidden(_) => Notice::Forbidden,
         }
@@ -69,9 +83,9 @@ impl LoadError {
     /// When to try the same version again; `None` means only a new version can help.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            Self::Plugin(_) | Self::Discovery(_) => None,
+            Self::Plugin(_) | Self::Discovery(_) | Self::Identity(_) => None,
             Self::WaitingForKinds(_) => Some(config::KIND_RETRY),
-            Self::Forbidden(_) => Some(config::ACCESS_RETRY),
+            Self::Forbidden(_) | Self::Unchecked(_) => Some(config::ACCESS_RETRY),
         }
     }
 }
@@ -79,6 +93,8 @@ impl LoadError {
 /// What loading needs from the host.
 pub struct Loader {
     client: Client,
+    // The host's namespace, where plugin ServiceAccounts live.
+    namespace: String,
     sandbox: Sandbox,
     // Permissions are checked in this namespace only when the host watches only it.
     watch_namespace: Option<String>,
@@ -90,12 +106,14 @@ impl Loader {
     /// A loader compiling in `sandbox` and asking the cluster behind `client`.
     pub fn new(
         client: Client,
+        namespace: String,
         sandbox: Sandbox,
         watch_namespace: Option<String>,
         resync: Duration,
     ) -> Self {
         Loader {
             client,
+            namespace,
             sandbox,
             watch_namespace,
             resync,
@@ -115,14 +133,26 @@ impl Loader {
                 ResolveError::Missing(kinds) => LoadError::WaitingForKinds(kinds),
                 e => LoadError::Discovery(e),
             })?;
+        let identity = Identity::new(&self.client, &self.namespace, &source.configmap)
+            .map_err(LoadError::Identity)?;
         // Refused here, one clear message, rather than Forbidden on every watch and write.
-        access::check(&self.client, &kinds, self.watch_namespace.as_deref())
-            .await
-            .map_err(LoadError::Forbidden)?;
+        let withheld = access::check(
+            &self.client,
+            &identity,
+            &kinds,
+            self.watch_namespace.as_deref(),
+        )
+        .await
+        .map_err(|e| match e {
+            AccessError::Missing(m) => LoadError::Forbidden(m),
+            e => LoadError::Unchecked(e),
+        })?;
         let loaded = Loaded {
             plugin,
             settings: Arc::new(source.settings.clone()),
             resync: source.resync.unwrap_or(self.resync),
+            identity,
+            withheld,
         };
         Ok((loaded, kinds))
     }

@@ -3,11 +3,13 @@
 //! ConfigMaps, handing every good version to whoever runs controllers ([`registry`]).
 
 pub mod access;
+pub mod identity;
 pub mod load;
 pub mod notice;
 pub mod registry;
 pub mod source;
 
+pub use identity::Identity;
 pub use load::{LoadError, Loaded, Loader};
 pub use notice::Notice;
 pub use registry::{Activation, Registry, State, Status, Supervise};

@@ -14,7 +14,8 @@ pub enum Notice {
     LoadFailed,
     /// A version waits for its kinds to be served.
     WaitingForKinds,
-    /// A version waits for the host to be granted what it needs.
+    /// A version waits for the host or its identity to be granted what it needs, or runs
+    /// without some rights its identity lacks.
     Forbidden,
 }
 

@@ -366,6 +366,14 @@ impl Registry {
         set_info(configmap, None, Some(&loaded));
         tracing::info!(configmap, "{msg}");
         self.event(&cm, notice, &msg);
+        if let Some(withheld) = &loaded.withheld {
+            let msg = format!(
+                "{} runs, but {withheld}; until then those writes fail and its parents say Forbidden",
+                loaded.describe()
+            );
+            tracing::warn!(configmap, "{msg}");
+            self.event(&cm, Notice::Forbidden, &msg);
+        }
     }
 
     async fn on_delete(&mut self, configmap: &str) {

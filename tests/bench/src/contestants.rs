@@ -137,8 +137,17 @@ pub async fn start(
             let mut host = spawn_host(art, env, settings, tag, "wasmop").await?;
             // Let it list the (empty) plugin namespace first, so the load below is a change.
             tokio::time::sleep(Duration::from_secs(1)).await;
-            let created = Instant::now();
             let names = plugin_names(kinds);
+            for (name, wasm) in names.iter().zip(&plugins) {
+                // The hot swap's second build adds a Service: grant its rights up front.
+                let rights = if is_plain(kinds) {
+                    &art.memcached_v2
+                } else {
+                    *wasm
+                };
+                grant_plugin(client, name, rights).await?;
+            }
+            let created = Instant::now();
             for (name, wasm) in names.iter().zip(&plugins) {
                 put_plugin(client, name, wasm).await?;
             }
@@ -217,6 +226,29 @@ async fn wait_loaded(host: &mut Proc, names: &[String]) -> Result<()> {
         host.wait_for_log(&format!("loaded {name} "), READY_TIMEOUT)
             .await?;
     }
+    Ok(())
+}
+
+/// Applies what `wasmop rbac` prints for the plugin in ConfigMap `name`: its ServiceAccount,
+/// which makes its writes, and its rights in every namespace.
+pub async fn grant_plugin(client: &Client, name: &str, wasm: &Path) -> Result<()> {
+    let bytes = std::fs::read(wasm).with_context(|| format!("reading {}", wasm.display()))?;
+    let plugin = tokio::task::spawn_blocking(move || wasmop::cmd::probe(&bytes)).await??;
+    let options = wasmop::cmd::rbac::Options {
+        configmap: Some(name.to_string()),
+        name: None,
+        namespace: PLUGIN_NAMESPACE.into(),
+        service_account: "wasmop".into(),
+        watch_namespace: None,
+        plurals: Vec::new(),
+    };
+    let yaml = wasmop::cmd::rbac::render(plugin.manifest(), &options)?;
+    let objects = serde_yaml::Deserializer::from_str(&yaml)
+        .map(serde::Deserialize::deserialize)
+        .collect::<Result<Vec<serde_json::Value>, _>>()?;
+    testenv::apply_objects(client, objects, "wasmop-bench")
+        .await
+        .with_context(|| format!("granting plugin {name} its RBAC"))?;
     Ok(())
 }
 

@@ -88,6 +88,10 @@ pub enum Error {
         source: kube::Error,
     },
 
+    /// An object to apply is not a Kubernetes object.
+    #[error("not a Kubernetes object: {0}")]
+    NotAnObject(String),
+
     /// A wait helper gave up.
     #[error(transparent)]
     Timeout(#[from] Timeout),

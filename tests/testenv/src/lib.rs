@@ -43,6 +43,7 @@
 //! outside the repository; see [`binaries`]. Linux only: children are tied to the test
 //! process with `PR_SET_PDEATHSIG`, so no component outlives a test run, even a killed one.
 
+mod apply;
 pub mod binaries;
 mod certs;
 mod crd;
@@ -55,6 +56,7 @@ mod process;
 mod shared;
 mod wait;
 
+pub use apply::apply_objects;
 pub use binaries::{KUBERNETES_VERSION, KWOK_VERSION};
 pub use crd::apply_crd;
 pub use error::{Error, Result};

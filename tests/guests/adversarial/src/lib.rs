@@ -27,10 +27,17 @@ impl Guest for Adversarial {
                 api_version: "test.wasmop.io/v1".into(),
                 kind: "Probe".into(),
             },
-            children: vec![KindRef {
-                api_version: "v1".into(),
-                kind: "ConfigMap".into(),
-            }],
+            children: vec![
+                KindRef {
+                    api_version: "v1".into(),
+                    kind: "ConfigMap".into(),
+                },
+                // Only the `secret` mode writes one: for identities without Secret rights.
+                KindRef {
+                    api_version: "v1".into(),
+                    kind: "Secret".into(),
+                },
+            ],
             related: vec![RelatedKind {
                 api_version: "v1".into(),
                 kind: "Pod".into(),
@@ -102,7 +109,30 @@ impl Guest for Adversarial {
                 child["data"]["blob"] = json!("x".repeat(bytes));
             }
             "other-namespace" => child["metadata"]["namespace"] = json!("elsewhere"),
-            "undeclared" => child["kind"] = json!("Secret"),
+            "undeclared" => child["kind"] = json!("Service"),
+            // Its ConfigMap and an ordinary Secret beside it.
+            "secret" => {
+                let secret = json!({
+                    "apiVersion": "v1",
+                    "kind": "Secret",
+                    "metadata": {"name": name},
+                    "stringData": {"note": "an ordinary Secret"},
+                });
+                return Ok(json!({"children": [child, secret]}).to_string());
+            }
+            // A token for the namespace's default ServiceAccount, to read back from `children`.
+            "token" => {
+                let token = json!({
+                    "apiVersion": "v1",
+                    "kind": "Secret",
+                    "type": "kubernetes.io/service-account-token",
+                    "metadata": {
+                        "name": format!("{name}-token"),
+                        "annotations": {"kubernetes.io/service-account.name": "default"},
+                    },
+                });
+                return Ok(json!({"children": [child, token]}).to_string());
+            }
             "owner-ref" => {
                 child["metadata"]["ownerReferences"] = json!([{
                     "apiVersion": "v1", "kind": "Namespace", "name": "kube-system",
