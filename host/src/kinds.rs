@@ -30,6 +30,14 @@ impl ResolvedKind {
         }
     }
 
+    /// Whether Kubernetes itself serves this kind (core, `apps`, `*.k8s.io`…), so that its
+    /// own controllers own its status: custom resources live in dotted groups outside
+    /// `k8s.io`, which needs an approval to use.
+    pub fn is_builtin(&self) -> bool {
+        let group = self.resource.group.as_str();
+        !group.contains('.') || group == "k8s.io" || group.ends_with(".k8s.io")
+    }
+
     /// The scope of this kind.
     pub fn scope(&self) -> Scope {
         if self.namespaced {
@@ -168,4 +176,33 @@ pub async fn resolve(client: &Client, manifest: &Manifest) -> Result<Kinds, Reso
             .collect(),
         retired: Vec::new(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kind(group: &str) -> ResolvedKind {
+        ResolvedKind {
+            kind: KindRef::new("v1", "X"),
+            resource: ApiResource {
+                group: group.into(),
+                version: "v1".into(),
+                api_version: "v1".into(),
+                kind: "X".into(),
+                plural: "xs".into(),
+            },
+            namespaced: true,
+        }
+    }
+
+    #[test]
+    fn built_in_kinds_are_told_from_custom_resources() {
+        for group in ["", "apps", "batch", "networking.k8s.io", "k8s.io"] {
+            assert!(kind(group).is_builtin(), "{group:?}");
+        }
+        for group in ["cache.example.com", "test.wasmop.io", "k8s.io.example.com"] {
+            assert!(!kind(group).is_builtin(), "{group:?}");
+        }
+    }
 }

@@ -356,6 +356,10 @@ impl<'a> Step<'a> {
 
     /// The plugin's status with `Ready=True`, written only when it changed.
     async fn write_status(&self, plugin_status: Option<&Value>) -> Result<(), ReconcileError> {
+        // A built-in kind's status belongs to its own controller, in its own schema.
+        if self.shared.kinds.parent.is_builtin() {
+            return Ok(());
+        }
         let ready = Ready {
             ok: true,
             reason: "Reconciled".into(),
@@ -424,7 +428,7 @@ async fn record_failure(
     let reason = error.reason();
     let message = format!("plugin {} failed: {error}", loaded.describe());
     publish(shared, parent, EventType::Warning, reason, &message);
-    if parent.metadata.deletion_timestamp.is_some() {
+    if parent.metadata.deletion_timestamp.is_some() || shared.kinds.parent.is_builtin() {
         return error;
     }
     let ready = Ready {
@@ -481,7 +485,7 @@ async fn add_finalizer(
     set_finalizers(api, parent, list, finalizer).await
 }
 
-async fn remove_finalizer(
+pub(super) async fn remove_finalizer(
     api: &Api<DynamicObject>,
     parent: &DynamicObject,
     finalizer: &str,

@@ -206,7 +206,12 @@ impl Hub {
     }
 }
 
-fn strip(mut obj: DynamicObject) -> Arc<DynamicObject> {
+/// What the cache keeps of an object: no managed fields, and always its `apiVersion` and
+/// `kind` (list items of built-in kinds come without them).
+fn strip(mut obj: DynamicObject, types: &TypeMeta) -> Arc<DynamicObject> {
+    if obj.types.as_ref().is_none_or(|t| t.kind.is_empty()) {
+        obj.types = Some(types.clone());
+    }
     if let Some(error) = undecodable(&obj) {
         tracing::warn!(
             kind = obj.types.as_ref().map_or("", |t| t.kind.as_str()),
@@ -250,6 +255,7 @@ async fn run_watch(
             }
             None => Api::all_with(client, &key.resource),
         };
+        let types = types.clone();
         watcher(api, config)
             .default_backoff()
             .map(move |ev| ev.map(|e| e.map_to_dynamic(&types)))
@@ -270,7 +276,7 @@ async fn run_watch(
     while let Some(event) = events.next().await {
         match event {
             Ok(watcher::Event::Init) => relist.clear(),
-            Ok(watcher::Event::InitApply(obj)) => relist.push(strip(obj)),
+            Ok(watcher::Event::InitApply(obj)) => relist.push(strip(obj, &types)),
             Ok(watcher::Event::InitDone) => {
                 let listed = std::mem::take(&mut relist);
                 let applied: Vec<Change> = listed.iter().cloned().map(Change::Applied).collect();
@@ -284,12 +290,12 @@ async fn run_watch(
                 );
             }
             Ok(watcher::Event::Apply(obj)) => {
-                let obj = strip(obj);
+                let obj = strip(obj, &types);
                 cache.apply(obj.clone());
                 broadcast(&me, [Change::Applied(obj)]);
             }
             Ok(watcher::Event::Delete(obj)) => {
-                let obj = strip(obj);
+                let obj = strip(obj, &types);
                 let last = cache.delete(&key_of(&obj)).unwrap_or(obj);
                 broadcast(&me, [Change::Deleted(last)]);
             }
