@@ -33,6 +33,17 @@ const BUILDS: &[Build] = &[
                 "A component whose manifest breaks the host's rules: `tests/guests/bad-manifest`.",
             ),
             (
+                "DEPLOYMENT_PLUGIN",
+                "deployment_plugin",
+                "Parent Deployment, child kind ReplicaSet, no children wanted: \
+                 `tests/guests/deployment-plugin`.",
+            ),
+            (
+                "FINALIZING",
+                "finalizing",
+                "Puts a finalizer on every Probe and never releases it: `tests/guests/finalizing`.",
+            ),
+            (
                 "WRONG_VERSION",
                 "wrong_version",
                 "The plugin world at interface version 0.2.0: `tests/guests/wrong-version`.",

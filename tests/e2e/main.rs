@@ -8,6 +8,8 @@
 mod common;
 mod deploy;
 mod failures;
+mod finalizers;
+mod hostile;
 mod identity;
 mod in_process;
 mod leader;

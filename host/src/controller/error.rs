@@ -79,6 +79,16 @@ impl ReconcileError {
         }
     }
 
+    /// Whether the API server refused a write because the object changed meanwhile.
+    pub fn is_conflict(&self) -> bool {
+        match self {
+            Self::Status(e) | Self::Finalizer { source: e, .. } => {
+                matches!(e, kube::Error::Api(s) if s.code == 409)
+            }
+            _ => false,
+        }
+    }
+
     /// Whether the plugin's identity was refused a write (RBAC to grant it).
     pub fn is_forbidden(&self) -> bool {
         match self {

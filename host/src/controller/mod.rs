@@ -9,6 +9,7 @@
 pub mod error;
 pub mod queue;
 pub mod reconcile;
+pub mod release;
 pub mod supervisor;
 
 use std::collections::{BTreeMap, HashMap};
@@ -24,7 +25,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tracing::Instrument;
-use wasmop_contract::RelatedSelector;
+use wasmop_contract::{Manifest, RelatedSelector};
 
 use crate::config;
 use crate::kinds::{self, Kinds, ResolvedKind};
@@ -62,7 +63,11 @@ impl Default for Config {
 
 enum Command {
     Swap(Box<Loaded>),
-    Stop(oneshot::Sender<()>),
+    /// Stop; with `release`, take the plugin's finalizer off every parent first.
+    Stop {
+        release: bool,
+        ack: oneshot::Sender<()>,
+    },
 }
 
 /// A running controller.
@@ -70,6 +75,7 @@ pub struct ControllerHandle {
     commands: mpsc::UnboundedSender<Command>,
     task: tokio::task::JoinHandle<()>,
     kinds: Kinds,
+    manifest: Manifest,
     synced: watch::Receiver<bool>,
 }
 
@@ -84,15 +90,24 @@ impl ControllerHandle {
         *self.synced.borrow()
     }
 
-    /// Replaces the plugin version; every parent is reconciled again with the new one.
-    pub fn swap(&self, loaded: Loaded) {
+    /// The manifest of the version it runs.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// Replaces the plugin version; every parent is reconciled again with the new one. A
+    /// finalizer the new version no longer puts on parents is released from them.
+    pub fn swap(&mut self, loaded: Loaded) {
+        self.manifest = loaded.plugin.manifest().clone();
         let _ = self.commands.send(Command::Swap(Box::new(loaded)));
     }
 
-    /// Stops taking work, waits for reconciles in flight, and drops the watches.
-    pub async fn stop(self) {
-        let (tx, rx) = oneshot::channel();
-        if self.commands.send(Command::Stop(tx)).is_ok() {
+    /// Stops taking work, waits for reconciles in flight, and drops the watches. With
+    /// `release`, the plugin's finalizer is first taken off every parent: nothing would
+    /// remove it any more.
+    pub async fn stop(self, release: bool) {
+        let (ack, rx) = oneshot::channel();
+        if self.commands.send(Command::Stop { release, ack }).is_ok() {
             let _ = rx.await;
         }
         let _ = self.task.await;
@@ -183,7 +198,8 @@ pub fn spawn(
         selectors: Mutex::default(),
     });
     let (tx, rx) = mpsc::unbounded_channel();
-    let name = loaded.plugin.manifest().name.clone();
+    let manifest = loaded.plugin.manifest().clone();
+    let name = manifest.name.clone();
     let runner = Runner {
         shared,
         loaded,
@@ -199,6 +215,7 @@ pub fn spawn(
         commands: tx,
         task,
         kinds,
+        manifest,
         synced,
     }
 }
@@ -359,12 +376,13 @@ impl Runner {
                 "caches synced; reconciling"
             )},
             cmd = commands.recv() => {
-                if let Some(Command::Stop(ack)) = cmd { let _ = ack.send(()); }
+                // Nothing reconciled yet, and no cache to release finalizers from.
+                if let Some(Command::Stop { ack, .. }) = cmd { let _ = ack.send(()); }
                 return;
             }
         }
 
-        let mut stop: Option<oneshot::Sender<()>> = None;
+        let mut stop: Option<(bool, oneshot::Sender<()>)> = None;
         let depth = crate::telemetry::metrics()
             .workqueue_depth
             .get_or_create(&crate::telemetry::metrics::PluginLabels {
@@ -380,7 +398,7 @@ impl Runner {
                 Some((role, change)) = changes.next() => self.on_change(role, change),
                 cmd = commands.recv(), if stop.is_none() => match cmd {
                     Some(Command::Swap(loaded)) => self.on_swap(*loaded),
-                    Some(Command::Stop(ack)) => stop = Some(ack),
+                    Some(Command::Stop { release, ack }) => stop = Some((release, ack)),
                     None => break,
                 },
                 Some(done) = self.running.join_next(), if !self.running.is_empty() => {
@@ -399,8 +417,14 @@ impl Runner {
             }
         }
         depth.set(0);
+        if let Some((true, _)) = &stop {
+            let manifest = self.loaded.plugin.manifest();
+            if manifest.finalizer {
+                release::release_all(&self.shared, &manifest.finalizer_name()).await;
+            }
+        }
         drop(subs);
-        if let Some(ack) = stop {
+        if let Some((_, ack)) = stop {
             let _ = ack.send(());
         }
     }
@@ -488,7 +512,13 @@ impl Runner {
 
     fn on_swap(&mut self, loaded: Loaded) {
         tracing::info!(from = %self.loaded.describe(), to = %loaded.describe(), "plugin swapped; reconciling every parent");
-        self.loaded = loaded;
+        let old = std::mem::replace(&mut self.loaded, loaded);
+        if let Some(finalizer) =
+            release::orphaned(old.plugin.manifest(), self.loaded.plugin.manifest(), true)
+        {
+            let shared = self.shared.clone();
+            tokio::spawn(async move { release::release_all(&shared, &finalizer).await });
+        }
         let now = Instant::now();
         for parent in self.shared.parents.list(None, |_| true) {
             self.queue

@@ -9,7 +9,7 @@ use futures::future::BoxFuture;
 use kube::Client;
 use kube::runtime::events::Reporter;
 
-use super::{Config, ControllerHandle, spawn};
+use super::{Config, ControllerHandle, release, spawn};
 use crate::kinds::Kinds;
 use crate::plugin::{Activation, Loaded, Supervise};
 use crate::watch::Hub;
@@ -51,14 +51,17 @@ impl Supervisor {
 
     async fn activate(&mut self, configmap: &str, loaded: Loaded, mut kinds: Kinds) -> Activation {
         let activation = match self.running.remove(configmap) {
-            Some(handle) if handle.kinds().same_watches(&kinds) => {
+            Some(mut handle) if handle.kinds().same_watches(&kinds) => {
                 handle.swap(loaded);
                 self.running.insert(configmap.to_string(), handle);
                 return Activation::Swapped;
             }
             Some(handle) => {
                 kinds.retire_from(handle.kinds());
-                handle.stop().await;
+                let same_parent = handle.kinds().parent.resource == kinds.parent.resource;
+                let orphaned =
+                    release::orphaned(handle.manifest(), loaded.plugin.manifest(), same_parent);
+                handle.stop(orphaned.is_some()).await;
                 Activation::Restarted
             }
             None => Activation::Started,
@@ -78,7 +81,16 @@ impl Supervise for Supervisor {
     fn stop<'a>(&'a mut self, configmap: &'a str) -> BoxFuture<'a, ()> {
         async move {
             if let Some(handle) = self.running.remove(configmap) {
-                handle.stop().await;
+                handle.stop(false).await;
+            }
+        }
+        .boxed()
+    }
+
+    fn retire<'a>(&'a mut self, configmap: &'a str) -> BoxFuture<'a, ()> {
+        async move {
+            if let Some(handle) = self.running.remove(configmap) {
+                handle.stop(true).await;
             }
         }
         .boxed()

@@ -77,8 +77,12 @@ pub enum Activation {
 pub trait Supervise: Send {
     /// Runs `loaded` for `configmap`, replacing what runs for it, if anything.
     fn run(&mut self, configmap: &str, loaded: Loaded, kinds: Kinds) -> BoxFuture<'_, Activation>;
-    /// Stops what runs for `configmap`, after its reconciles in flight.
+    /// Stops what runs for `configmap`, after its reconciles in flight (the host is shutting
+    /// down or stepping back; another will carry on).
     fn stop<'a>(&'a mut self, configmap: &'a str) -> BoxFuture<'a, ()>;
+    /// Stops what runs for `configmap` for good (its ConfigMap is gone): its finalizer is
+    /// released from every parent first, since nothing would remove it any more.
+    fn retire<'a>(&'a mut self, configmap: &'a str) -> BoxFuture<'a, ()>;
     /// Whether the caches of what runs for `configmap` are synced (`true` if nothing runs).
     fn is_synced(&self, configmap: &str) -> bool;
 }
@@ -382,8 +386,8 @@ impl Registry {
         };
         if let Some(running) = slot.running {
             set_info(configmap, Some(&running), None);
-            self.supervisor.stop(configmap).await;
-            tracing::info!(configmap, plugin = %running.describe(), "plugin ConfigMap deleted; controller stopped, children left in place");
+            self.supervisor.retire(configmap).await;
+            tracing::info!(configmap, plugin = %running.describe(), "plugin ConfigMap deleted; controller stopped, its finalizer released, children left in place");
         }
     }
 

@@ -1,0 +1,112 @@
+//! Taking a plugin's finalizer off every parent once nothing will ever remove it otherwise:
+//! the plugin's ConfigMap is gone, or its new version no longer asks for that finalizer.
+//!
+//! Left in place, `wasmop.io/<plugin>` would hang the deletion of every parent that carries
+//! it. Released, a parent being deleted goes at once, and its children go with it by garbage
+//! collection, as they would for any parent without a finalizer.
+
+use std::time::Duration;
+
+use wasmop_contract::Manifest;
+
+use super::Shared;
+use super::reconcile::remove_finalizer;
+use crate::text::api_error;
+
+/// Tries per parent: a conflict means the parent changed since the cache saw it, and the
+/// cache catches up within moments.
+const ATTEMPTS: usize = 5;
+const PAUSE: Duration = Duration::from_millis(200);
+
+/// Whether a version with `old`'s finalizer replaced by `new` leaves that finalizer without
+/// anyone to remove it. `same_parent` says whether both serve the same parent kind.
+pub fn orphaned(old: &Manifest, new: &Manifest, same_parent: bool) -> Option<String> {
+    if !old.finalizer {
+        return None;
+    }
+    let kept = new.finalizer && new.finalizer_name() == old.finalizer_name() && same_parent;
+    (!kept).then(|| old.finalizer_name())
+}
+
+/// Removes `finalizer` from every cached parent that has it; returns how many were released.
+/// A parent that cannot be patched is logged and left as it is.
+pub async fn release_all(shared: &Shared, finalizer: &str) -> usize {
+    let has = |p: &kube::api::DynamicObject| {
+        p.metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .any(|f| f == finalizer)
+    };
+    let mut released = 0;
+    for parent in shared.parents.list(None, has) {
+        let (ns, name) = (
+            parent.metadata.namespace.clone(),
+            parent.metadata.name.clone(),
+        );
+        let name = name.unwrap_or_default();
+        let api = shared.kinds.parent.api(&shared.writer, ns.as_deref());
+        for attempt in 1..=ATTEMPTS {
+            // The newest copy the cache has: it may have caught up after a conflict.
+            let Some(current) = shared.parents.get(ns.as_deref(), &name).filter(|p| has(p)) else {
+                break;
+            };
+            match remove_finalizer(&api, &current, finalizer).await {
+                Ok(()) => {
+                    released += 1;
+                    break;
+                }
+                Err(e) if attempt < ATTEMPTS && e.is_conflict() => tokio::time::sleep(PAUSE).await,
+                Err(e) => {
+                    let error = match &e {
+                        super::error::ReconcileError::Finalizer { source, .. } => api_error(source),
+                        e => e.to_string(),
+                    };
+                    tracing::warn!(namespace = ns.as_deref().unwrap_or(""), %name, finalizer, %error, "could not release the finalizer");
+                    break;
+                }
+            }
+        }
+    }
+    if released > 0 {
+        tracing::info!(
+            finalizer,
+            released,
+            "released the finalizer of a plugin that no longer removes it"
+        );
+    }
+    released
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wasmop_contract::KindRef;
+
+    fn manifest(name: &str, finalizer: bool) -> Manifest {
+        Manifest {
+            name: name.into(),
+            version: "1".into(),
+            parent: KindRef::new("x.io/v1", "Thing"),
+            children: Vec::new(),
+            related: Vec::new(),
+            finalizer,
+        }
+    }
+
+    #[test]
+    fn a_finalizer_is_orphaned_unless_the_new_version_keeps_it_on_the_same_kind() {
+        let on = manifest("a", true);
+        assert_eq!(orphaned(&on, &on, true), None);
+        assert_eq!(
+            orphaned(&on, &manifest("a", false), true).as_deref(),
+            Some("wasmop.io/a")
+        );
+        assert_eq!(
+            orphaned(&on, &manifest("b", true), true).as_deref(),
+            Some("wasmop.io/a")
+        );
+        assert_eq!(orphaned(&on, &on, false).as_deref(), Some("wasmop.io/a"));
+        assert_eq!(orphaned(&manifest("a", false), &on, true), None);
+    }
+}
