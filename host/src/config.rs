@@ -62,6 +62,12 @@ pub const SANDBOX_MEMORY_MIB: u64 = 160;
 /// What the on-disk compile cache may hold, in MiB: half the 128 Mi `emptyDir` of `deploy/`
 /// (a compiled plugin takes one or two).
 pub const COMPILE_CACHE_MIB: u64 = 64;
+/// How long compiling one module may take before its load fails. Compiling cannot be
+/// interrupted, so the thread runs on to the end in the background, holding its slot.
+pub const COMPILE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Modules compiled at once: one slow module cannot hold up the loads of the others, and a
+/// flood of slow modules cannot take every core (each compile is parallel inside already).
+pub const COMPILE_SLOTS: usize = 2;
 
 /// Plugin calls that may run at once over all plugins; more wait for a slot.
 pub const MAX_INSTANCES: u32 = 64;

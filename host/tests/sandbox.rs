@@ -686,3 +686,42 @@ fn memcached_reconciles_a_cr_with_three_pods() {
     assert_eq!(status["nodes"], json!(["mc-a", "mc-b", "mc-c"]));
     assert_eq!(validated.events[0].reason, "Created");
 }
+
+#[test]
+fn a_compile_past_its_deadline_fails_the_load() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let wasm = test_artifacts::read(test_artifacts::MEMCACHED);
+    // No time at all, and nothing cached: a real compile takes far longer than the timer's
+    // one-millisecond tick.
+    let hurried = Sandbox::new(SandboxConfig {
+        max_instances: 1,
+        cache_dir: None,
+        compile_timeout: Duration::ZERO,
+        ..SandboxConfig::default()
+    })
+    .unwrap();
+    runtime.block_on(async {
+        let err = hurried.load(wasm.clone(), LIMITS).await.unwrap_err();
+        assert_eq!(err.kind.reason(), "NotAComponent", "{err}");
+        assert!(
+            err.to_string()
+                .contains("compiling took longer than 0ns; it was abandoned"),
+            "{err}"
+        );
+    });
+    // The same module with time to spare loads.
+    let patient = Sandbox::new(SandboxConfig {
+        max_instances: 1,
+        cache_dir: None,
+        ..SandboxConfig::default()
+    })
+    .unwrap();
+    runtime.block_on(async {
+        let plugin = patient.load(wasm, LIMITS).await.unwrap();
+        assert_eq!(plugin.manifest().name, "memcached");
+    });
+}

@@ -40,6 +40,7 @@ mod wasi;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use tokio::sync::Semaphore;
@@ -71,6 +72,9 @@ pub struct SandboxConfig {
     /// Linear memory all calls together may hold, in bytes, whatever each plugin's cap says.
     /// Default [`crate::config::SANDBOX_MEMORY_MIB`] MiB.
     pub memory_budget: u64,
+    /// How long one compile may take before the load fails. Default
+    /// [`crate::config::COMPILE_TIMEOUT`].
+    pub compile_timeout: Duration,
 }
 
 impl Default for SandboxConfig {
@@ -80,6 +84,7 @@ impl Default for SandboxConfig {
             cache_dir: default_cache_dir(),
             cache_max_bytes: crate::config::COMPILE_CACHE_MIB << 20,
             memory_budget: crate::config::SANDBOX_MEMORY_MIB << 20,
+            compile_timeout: crate::config::COMPILE_TIMEOUT,
         }
     }
 }
@@ -114,6 +119,9 @@ struct Inner {
     linker: Linker<CallState>,
     cache: ArtifactCache,
     shared: Arc<Shared>,
+    // Loads (compile and probe) in progress; a timed-out one keeps its permit until it ends.
+    compiles: Arc<Semaphore>,
+    compile_timeout: Duration,
 }
 
 impl std::fmt::Debug for Sandbox {
@@ -144,6 +152,8 @@ impl Sandbox {
                 linker,
                 cache,
                 shared,
+                compiles: Arc::new(Semaphore::new(crate::config::COMPILE_SLOTS)),
+                compile_timeout: cfg.compile_timeout,
             }),
         })
     }
@@ -159,19 +169,31 @@ impl Sandbox {
         let this = self.clone();
         let (dispatch, span) = plugin::current_tracing();
         let digest = digest_of(&wasm);
-        tokio::task::spawn_blocking(move || {
+        let fail = |kind| PluginError::new(UNKNOWN_PLUGIN, &digest, kind);
+        // Waiting for a slot is not part of the deadline; the compile is.
+        let permit = this
+            .inner
+            .compiles
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|e| fail(PluginErrorKind::Internal(format!("compile slots: {e}"))))?;
+        let limit = self.inner.compile_timeout;
+        let load = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
             tracing::dispatcher::with_default(&dispatch, || {
                 span.in_scope(|| this.load_blocking(&wasm, limits))
             })
-        })
-        .await
-        .map_err(|e| {
-            PluginError::new(
-                UNKNOWN_PLUGIN,
-                &digest,
-                PluginErrorKind::Internal(format!("plugin load thread: {e}")),
-            )
-        })?
+        });
+        match tokio::time::timeout(limit, load).await {
+            Ok(Ok(loaded)) => loaded,
+            Ok(Err(e)) => Err(fail(PluginErrorKind::Internal(format!(
+                "plugin load thread: {e}"
+            )))),
+            Err(_) => Err(fail(PluginErrorKind::NotAComponent(format!(
+                "compiling took longer than {limit:?}; it was abandoned"
+            )))),
+        }
     }
 
     /// [`Sandbox::load`] on the calling thread (compiling may take 100 ms).
