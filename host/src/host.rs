@@ -134,6 +134,7 @@ impl Host {
         );
         let supervisor = Supervisor::new(
             client.clone(),
+            &config.namespace,
             config.watch_namespace.clone(),
             reporter.clone(),
             config.controller.clone(),

@@ -117,7 +117,8 @@ pub fn split_api_version(api_version: &str) -> (&str, &str) {
     api_version.split_once('/').unwrap_or(("", api_version))
 }
 
-async fn resolve_one(
+/// Resolves one kind by discovery; `None` when it is not served.
+pub async fn resolve_one(
     client: &Client,
     kind: &KindRef,
 ) -> Result<Option<ResolvedKind>, ResolveError> {

@@ -3,7 +3,7 @@
 use std::time::Instant;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
 
 use crate::common::{Env, TIMEOUT};
 
@@ -173,4 +173,46 @@ fn in_order(lines: &[&str], expected: &[(&[&str], Option<&str>)]) -> bool {
         }) && forbidden.is_none_or(|f| !line.contains(f))
     };
     lines.len() == expected.len() && lines.iter().zip(expected).all(|(l, e)| matches(l, e))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kind_dropped_while_the_host_was_down_is_still_pruned() {
+    let env = Env::new("e2e-ledger").await;
+    let v1 = test_artifacts::read(test_artifacts::MEMCACHED);
+    let v2 = test_artifacts::read(test_artifacts::MEMCACHED_V2);
+    env.grant("memcached", &v2, &[]).await;
+    env.put_plugin_only("memcached", &v2, None).await;
+    let host = env.start_host();
+    env.put_memcached("one", 1).await;
+    testenv::wait_until(
+        "the second build to give Memcached one a Service",
+        TIMEOUT,
+        || async { Ok::<_, kube::Error>(services(&env).await) },
+        |names| names == &["one"],
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nhost log:\n{}", host.logs()));
+    // The record in the host's namespace names both child kinds.
+    let ledger = env
+        .ns
+        .api::<ConfigMap>()
+        .get("wasmop-child-kinds")
+        .await
+        .unwrap();
+    let recorded = ledger.data.unwrap().remove("memcached").unwrap();
+    assert_eq!(recorded, "apps/v1 Deployment\nv1 Service\n");
+
+    // The first build goes in while no host runs; the next host never saw the second.
+    host.kill();
+    env.put_plugin_only("memcached", &v1, None).await;
+    let host = env.start_host();
+    testenv::wait_until(
+        "the restarted host to prune the Service of the dropped kind",
+        TIMEOUT,
+        || async { Ok::<_, kube::Error>(services(&env).await) },
+        |names| names.is_empty(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nhost log:\n{}", host.logs()));
+    env.wait_nodes("one", 1).await;
 }

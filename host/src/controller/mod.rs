@@ -7,6 +7,7 @@
 //! old version, and every parent is reconciled again with the new one.
 
 pub mod error;
+pub mod ledger;
 pub mod queue;
 pub mod reconcile;
 pub mod release;

@@ -1,6 +1,6 @@
 //! Runs one controller per plugin the registry hands over: starts it, swaps a new version in
 //! when the kinds are the same, restarts it when they differ (still pruning children of the
-//! kinds the new version dropped), and stops it.
+//! kinds the new version dropped, as recorded in the [`Ledger`]), and stops it.
 
 use std::collections::HashMap;
 
@@ -8,15 +8,22 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use kube::Client;
 use kube::runtime::events::Reporter;
+use wasmop_contract::KindRef;
 
+use super::ledger::{self, Ledger};
 use super::{Config, ControllerHandle, release, spawn};
-use crate::kinds::Kinds;
+use crate::kinds::{Kinds, ResolvedKind, resolve_one};
+use crate::plugin::access;
 use crate::plugin::{Activation, Loaded, Supervise};
 use crate::watch::Hub;
 
 /// The controllers of one host, by plugin ConfigMap.
 pub struct Supervisor {
+    client: Client,
     hub: Hub,
+    ledger: Ledger,
+    // Retired kinds are kept only if the host may watch them here.
+    watch_namespace: Option<String>,
     // Names the host in Events on parents (each plugin's identity writes them).
     reporter: Reporter,
     config: Config,
@@ -27,12 +34,16 @@ impl Supervisor {
     /// Controllers over shared watches (in `watch_namespace` only, when set).
     pub fn new(
         client: Client,
+        namespace: &str,
         watch_namespace: Option<String>,
         reporter: Reporter,
         config: Config,
     ) -> Self {
         Supervisor {
-            hub: Hub::new(client, watch_namespace),
+            ledger: Ledger::new(client.clone(), namespace),
+            hub: Hub::new(client.clone(), watch_namespace.clone()),
+            client,
+            watch_namespace,
             reporter,
             config,
             running: HashMap::new(),
@@ -58,17 +69,60 @@ impl Supervisor {
             }
             Some(handle) => {
                 kinds.retire_from(handle.kinds());
+                self.retire_recorded(configmap, &mut kinds).await;
                 let same_parent = handle.kinds().parent.resource == kinds.parent.resource;
                 let orphaned =
                     release::orphaned(handle.manifest(), loaded.plugin.manifest(), same_parent);
                 handle.stop(orphaned.is_some()).await;
                 Activation::Restarted
             }
-            None => Activation::Started,
+            None => {
+                self.retire_recorded(configmap, &mut kinds).await;
+                Activation::Started
+            }
         };
         let handle = self.spawn(kinds, loaded);
         self.running.insert(configmap.to_string(), handle);
         activation
+    }
+}
+
+impl Supervisor {
+    /// Adds the child kinds on record for `configmap` that this version no longer declares to
+    /// its retired kinds, then records what it has now. A recorded kind no longer served, or
+    /// one the host may not watch (its controller would never sync), is dropped with a warning.
+    async fn retire_recorded(&self, configmap: &str, kinds: &mut Kinds) {
+        let recorded = self.ledger.read(configmap).await;
+        for kind in &recorded {
+            let known = |k: &&ResolvedKind| &k.kind == kind;
+            if kinds.children.iter().any(|k| known(&k)) || kinds.retired.iter().any(|k| known(&k)) {
+                continue;
+            }
+            let resolved = match resolve_one(&self.client, kind).await {
+                Ok(Some(resolved)) => resolved,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::warn!(configmap, %kind, error = %e, "a retired child kind could not be resolved; its children stay");
+                    continue;
+                }
+            };
+            let ns = self.watch_namespace.as_deref();
+            match (
+                access::may(&self.client, &resolved, "list", ns).await,
+                access::may(&self.client, &resolved, "watch", ns).await,
+            ) {
+                (Ok(true), Ok(true)) => kinds.retired.push(resolved),
+                _ => {
+                    tracing::warn!(configmap, %kind, "the host may no longer watch a retired child kind; its children stay")
+                }
+            }
+        }
+        let now: Vec<KindRef> = kinds.all_children().into_iter().map(|k| k.kind).collect();
+        // Newest first when the record is full: declared kinds, then the latest retired.
+        let now: Vec<KindRef> = now.into_iter().take(ledger::MAX_KINDS).collect();
+        if now != recorded {
+            self.ledger.write(configmap, Some(&now)).await;
+        }
     }
 }
 
@@ -92,6 +146,7 @@ impl Supervise for Supervisor {
             if let Some(handle) = self.running.remove(configmap) {
                 handle.stop(true).await;
             }
+            self.ledger.write(configmap, None).await;
         }
         .boxed()
     }

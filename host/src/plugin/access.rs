@@ -351,6 +351,25 @@ async fn allowed(
     }
 }
 
+/// Whether whoever `client` authenticates as may `verb` the resource `kind` (in `namespace`,
+/// or everywhere for `None`).
+pub async fn may(
+    client: &Client,
+    kind: &ResolvedKind,
+    verb: &'static str,
+    namespace: Option<&str>,
+) -> Result<bool, AccessError> {
+    let need = Need {
+        group: kind.resource.group.clone(),
+        resource: kind.resource.plural.clone(),
+        subresource: None,
+        verbs: vec![verb],
+        namespaced: kind.namespaced,
+    };
+    let namespace = namespace.filter(|_| kind.namespaced);
+    allowed(client, &need, verb, namespace, None).await
+}
+
 /// The user the host authenticates as, for the message; best effort.
 async fn whoami(client: &Client) -> Option<String> {
     let api: Api<SelfSubjectReview> = Api::all(client.clone());
