@@ -136,7 +136,17 @@ pub struct Manifest {
     /// Whether parents get the finalizer `wasmop.io/<name>` so the plugin runs on deletion.
     #[serde(default)]
     pub finalizer: bool,
+    /// For a plugin that needs the time: its requests carry `now`, rounded down to a multiple
+    /// of this many seconds (at least [`MIN_CLOCK_SECONDS`]). `None` gives no time at all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock_seconds: Option<u32>,
 }
+
+/// The finest clock a plugin gets: a request that changes more often than this would defeat
+/// the host's skipping of calls at rest.
+pub const MIN_CLOCK_SECONDS: u32 = 60;
+/// The coarsest clock a manifest may ask for: a day.
+pub const MAX_CLOCK_SECONDS: u32 = 86_400;
 
 /// Everything wrong with a manifest.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -156,7 +166,22 @@ impl Manifest {
             children: Vec::new(),
             related: Vec::new(),
             finalizer: false,
+            clock_seconds: None,
         }
+    }
+
+    /// Asks for the time in every request, rounded down to a multiple of `seconds` (the host
+    /// uses at least [`MIN_CLOCK_SECONDS`]).
+    #[must_use]
+    pub fn clock(mut self, seconds: u32) -> Self {
+        self.clock_seconds = Some(seconds);
+        self
+    }
+
+    /// The clock granularity the host gives this plugin, if it asked for one.
+    pub fn clock_granularity(&self) -> Option<u32> {
+        self.clock_seconds
+            .map(|s| s.clamp(MIN_CLOCK_SECONDS, MAX_CLOCK_SECONDS))
     }
 
     /// Sets the parent kind from a type implementing [`Resource`].
@@ -276,6 +301,13 @@ impl Manifest {
                 self.version
             ));
         }
+        if let Some(s) = self.clock_seconds
+            && !(1..=MAX_CLOCK_SECONDS).contains(&s)
+        {
+            problems.push(format!(
+                "clock-seconds {s} must be 1 to {MAX_CLOCK_SECONDS} (a day)"
+            ));
+        }
         check_kind("parent", &self.parent, &mut problems);
         for (i, child) in self.children.iter().enumerate() {
             check_kind(&format!("children[{i}]"), child, &mut problems);
@@ -389,6 +421,24 @@ mod tests {
                 metadata_only: true,
             }],
             finalizer: true,
+            clock_seconds: None,
+        }
+    }
+
+    #[test]
+    fn a_clock_is_opt_in_bounded_and_never_finer_than_a_minute() {
+        let m = manifest();
+        assert_eq!(m.clock_granularity(), None);
+        assert!(!serde_json::to_string(&m).unwrap().contains("clock"));
+        assert_eq!(
+            m.clone().clock(1).clock_granularity(),
+            Some(MIN_CLOCK_SECONDS)
+        );
+        assert_eq!(m.clone().clock(300).clock_granularity(), Some(300));
+        m.clone().clock(MAX_CLOCK_SECONDS).validate().unwrap();
+        for bad in [0, MAX_CLOCK_SECONDS + 1] {
+            let err = m.clone().clock(bad).validate().unwrap_err().to_string();
+            assert!(err.contains("clock-seconds"), "{err}");
         }
     }
 

@@ -545,6 +545,7 @@ mod tests {
                 metadata_only: true,
             }],
             finalizer: false,
+            clock_seconds: None,
         }
     }
 

@@ -49,6 +49,10 @@ pub struct WireRequest {
     /// The plugin's settings (the `settings.yaml` beside its module), `null` when absent.
     #[serde(default)]
     pub settings: Value,
+    /// The time in UTC (RFC 3339), rounded down to the plugin's clock granularity; only for a
+    /// plugin whose manifest declares `clock-seconds`, absent for every other.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub now: Option<String>,
 }
 
 /// What `reconcile` returns.

@@ -39,6 +39,7 @@ impl<P: Plugin> wit::Guest for Exporter<P> {
             children,
             related,
             finalizer,
+            clock_seconds,
         } = P::manifest();
         wit::PluginManifest {
             name,
@@ -54,6 +55,7 @@ impl<P: Plugin> wit::Guest for Exporter<P> {
                 })
                 .collect(),
             finalizer,
+            clock_seconds,
         }
     }
 

@@ -12,6 +12,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::jiff::Timestamp;
 use kube::core::{Selector, SelectorExt};
 use serde_json::{Map, Value};
 use wasmop_contract::wire::{ByName, WireRequest, kind_key, object_key};
@@ -87,7 +88,21 @@ pub fn request(
         related,
         finalizing,
         settings: settings.clone(),
+        // Set by `stamp`, only for plugins that asked for the time.
+        now: None,
     }
+}
+
+/// Puts the time into `request` if `manifest` asked for a clock: `now` rounded down to the
+/// plugin's granularity, so the request stays the same until the next step.
+pub fn stamp(request: &mut WireRequest, manifest: &Manifest, now: Timestamp) {
+    request.now = manifest.clock_granularity().map(|step| {
+        let step = i64::from(step);
+        let seconds = now.as_second().div_euclid(step) * step;
+        Timestamp::from_second(seconds)
+            .expect("a time rounded down stays in range")
+            .to_string()
+    });
 }
 
 /// Whether `selector` matches `labels`. An invalid selector (an unknown operator, `In`
@@ -240,7 +255,38 @@ mod tests {
                 },
             ],
             finalizer: false,
+            clock_seconds: None,
         }
+    }
+
+    #[test]
+    fn only_a_plugin_with_a_clock_gets_the_time_rounded_down_to_its_step() {
+        let at = |s: &str| s.parse::<Timestamp>().unwrap();
+        let mut request = WireRequest::default();
+        stamp(&mut request, &manifest(), at("2026-12-01T12:48:31Z"));
+        assert_eq!(request.now, None);
+        assert!(
+            !serde_json::to_string(&request).unwrap().contains("now"),
+            "absent from the wire, so other plugins' requests are unchanged"
+        );
+
+        let hourly = Manifest {
+            clock_seconds: Some(3600),
+            ..manifest()
+        };
+        stamp(&mut request, &hourly, at("2026-12-01T12:48:31Z"));
+        assert_eq!(request.now.as_deref(), Some("2026-12-01T12:00:00Z"));
+        let mut later = WireRequest::default();
+        stamp(&mut later, &hourly, at("2026-12-01T12:59:59Z"));
+        assert_eq!(later, request, "the same request within a step");
+
+        // Finer than a minute is not given.
+        let eager = Manifest {
+            clock_seconds: Some(1),
+            ..manifest()
+        };
+        stamp(&mut request, &eager, at("2026-12-01T12:48:31Z"));
+        assert_eq!(request.now.as_deref(), Some("2026-12-01T12:48:00Z"));
     }
 
     fn parent() -> Value {

@@ -447,7 +447,7 @@ fn wrong_interface_version_fails_at_load() {
         panic!("expected WrongInterface, got {err}");
     };
     assert!(
-        detail.contains("wasmop:plugin/reconciler@0.1.0"),
+        detail.contains("wasmop:plugin/reconciler@0.2.0"),
         "{detail}"
     );
     assert_eq!(err.plugin, "<unknown>");

@@ -46,7 +46,7 @@ const BUILDS: &[Build] = &[
             (
                 "WRONG_VERSION",
                 "wrong_version",
-                "The plugin world at interface version 0.2.0: `tests/guests/wrong-version`.",
+                "The plugin world at interface version 0.1.0, the one before: `tests/guests/wrong-version`.",
             ),
         ],
     },

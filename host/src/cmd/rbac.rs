@@ -312,6 +312,7 @@ mod tests {
                 metadata_only: true,
             }],
             finalizer: true,
+            clock_seconds: None,
         };
         let mut opts = options();
         opts.plurals = vec![("Endpoints".into(), "endpoints".into())];

@@ -124,7 +124,7 @@ fn render(
 ) -> anyhow::Result<Validated> {
     let manifest = plugin.manifest();
     let selectors = plugin.related_blocking(parent)?;
-    let request = gather::request(
+    let mut request = gather::request(
         manifest,
         parent,
         parent_scope,
@@ -133,6 +133,7 @@ fn render(
         settings,
         finalizing,
     );
+    gather::stamp(&mut request, manifest, k8s_openapi::jiff::Timestamp::now());
     let response = plugin.reconcile_blocking(&request)?;
     let target = Target {
         manifest,

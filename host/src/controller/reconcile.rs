@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::core::Selector;
 use kube::runtime::events::{Event, EventType};
@@ -290,7 +291,7 @@ impl<'a> Step<'a> {
 
     /// Gathers the request from the caches and calls `reconcile`.
     async fn call(&self, selectors: &[RelatedSelector]) -> Result<WireResponse, PluginError> {
-        let request = gather::request(
+        let mut request = gather::request(
             self.manifest(),
             &self.parent_json,
             self.shared.kinds.parent.scope(),
@@ -299,6 +300,7 @@ impl<'a> Step<'a> {
             &self.loaded.settings,
             self.deleting,
         );
+        gather::stamp(&mut request, self.manifest(), Timestamp::now());
         timed(
             self.manifest(),
             "reconcile",

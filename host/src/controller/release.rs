@@ -91,6 +91,7 @@ mod tests {
             children: Vec::new(),
             related: Vec::new(),
             finalizer,
+            clock_seconds: None,
         }
     }
 

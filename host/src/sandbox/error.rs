@@ -119,7 +119,7 @@ pub enum PluginErrorKind {
     /// The bytes are not a WebAssembly component (garbage, a core module, or a component
     /// wasmtime refuses to compile).
     NotAComponent(String),
-    /// A component, but not of the `wasmop:plugin@0.1.0` world: a missing export, an import the
+    /// A component, but not of the `wasmop:plugin@0.2.0` world: a missing export, an import the
     /// host doesn't provide, or another interface version.
     WrongInterface(String),
     /// The guest returned text that is not the JSON the contract asks for.
@@ -188,7 +188,7 @@ impl fmt::Display for PluginErrorKind {
             Self::WrongInterface(detail) => {
                 write!(
                     f,
-                    "does not implement the wasmop:plugin@0.1.0 world: {detail}"
+                    "does not implement the wasmop:plugin@0.2.0 world: {detail}"
                 )
             }
             Self::InvalidJson { call, detail } => write!(f, "invalid JSON from {call}: {detail}"),

@@ -28,6 +28,7 @@ pub(crate) fn from_wit(m: wit::PluginManifest) -> Manifest {
             })
             .collect(),
         finalizer: m.finalizer,
+        clock_seconds: m.clock_seconds,
     }
 }
 

@@ -7,7 +7,7 @@
 //! 1. digest the bytes (`sha256:<hex>`);
 //! 2. compile them, or take the compiled component from the cache (`cache.rs`), on a blocking
 //!    thread;
-//! 3. link them against the `wasmop:plugin@0.1.0` world (`bindings.rs`) and pre-instantiate;
+//! 3. link them against the `wasmop:plugin@0.2.0` world (`bindings.rs`) and pre-instantiate;
 //! 4. probe: instantiate once and call `manifest`, so a wrong interface fails at load, not on
 //!    the first reconcile;
 //! 5. validate the manifest (`wasmop_contract::Manifest::validate`).

@@ -44,6 +44,7 @@ impl Guest for Adversarial {
                 metadata_only: true,
             }],
             finalizer: false,
+            clock_seconds: None,
         }
     }
 

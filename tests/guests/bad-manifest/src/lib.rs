@@ -26,6 +26,7 @@ impl Guest for BadManifest {
             parent,
             related: vec![],
             finalizer: false,
+            clock_seconds: None,
         }
     }
 

@@ -26,6 +26,7 @@ impl Guest for DeploymentPlugin {
             }],
             related: vec![],
             finalizer: false,
+            clock_seconds: None,
         }
     }
 

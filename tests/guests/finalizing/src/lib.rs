@@ -27,6 +27,7 @@ impl Guest for Finalizing {
             }],
             related: vec![],
             finalizer: true,
+            clock_seconds: None,
         }
     }
 

@@ -1,5 +1,5 @@
-//! A plugin of the same world at interface version 0.2.0: the host (0.1.0) must refuse it
-//! at load. Its WIT (`wit/plugin.wit`) is the real one with the version changed, written by build.rs.
+//! A plugin of the same world at interface version 0.1.0, the one before: the host (0.2.0)
+//! must refuse it at load. Its WIT (`wit/plugin.wit`) is the real one with the version changed, written by build.rs.
 
 wit_bindgen::generate!({
     path: "wit",
@@ -14,7 +14,7 @@ impl Guest for WrongVersion {
     fn manifest() -> PluginManifest {
         PluginManifest {
             name: "wrong-version".into(),
-            version: "0.2.0".into(),
+            version: "0.1.0".into(),
             parent: KindRef {
                 api_version: "test.wasmop.io/v1".into(),
                 kind: "Probe".into(),
@@ -22,6 +22,7 @@ impl Guest for WrongVersion {
             children: vec![],
             related: vec![],
             finalizer: false,
+            clock_seconds: None,
         }
     }
 
