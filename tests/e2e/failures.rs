@@ -337,3 +337,56 @@ async fn an_undecodable_parent_affects_only_itself_across_a_restart() {
         .unwrap_or_else(|e| panic!("{e}\nhost log:\n{}", host.logs()));
     assert!(configmaps.get_opt("deep").await.unwrap().is_none());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_impure_plugin_writes_its_child_once_however_often_it_runs() {
+    let env = Env::new("e2e-impure").await;
+    let adversarial = test_artifacts::read(test_artifacts::ADVERSARIAL);
+    // The guest puts the wall clock, a random hash and a HashSet's order into its child.
+    env.put_plugin("adversarial", &adversarial, Some("mode: impure\n"))
+        .await;
+    // Reconciled every second, so a real clock would change the child at every call.
+    let configmaps: Api<ConfigMap> = env.ns.api();
+    let resync = json!({"metadata": {"annotations": {"wasmop.io/resync-seconds": "1"}}});
+    configmaps
+        .patch(
+            "adversarial",
+            &PatchParams::default(),
+            &Patch::Merge(&resync),
+        )
+        .await
+        .unwrap();
+    let host = env.start_host();
+    put_probe(&env, "p").await;
+    let child = testenv::wait_until(
+        "the impure plugin's ConfigMap p",
+        TIMEOUT,
+        || async { configmaps.get_opt("p").await },
+        Option::is_some,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nhost log:\n{}", host.logs()))
+    .unwrap();
+    let data = child.data.clone().unwrap();
+    assert_eq!(data["wallSeconds"], "946684800", "the fixed wall clock");
+    tokio::time::sleep(std::time::Duration::from_secs(6)).await;
+    let later = configmaps.get("p").await.unwrap();
+    assert_eq!(
+        later.metadata.resource_version, child.metadata.resource_version,
+        "written once in six resyncs"
+    );
+    assert_eq!(later.data.unwrap(), data);
+    // It did run again and again meanwhile.
+    let (_, metrics) = http_get(&host.http_addr().await, "/metrics").await;
+    let calls: u64 = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with("wasmop_reconcile_total")
+                && l.contains("plugin=\"adversarial\"")
+                && l.contains("result=\"success\"")
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("a reconcile count in:\n{metrics}"));
+    assert!(calls >= 3, "reconciled {calls} times");
+    println!("measured: {calls} reconciles of Probe p, 1 write of its child");
+}
