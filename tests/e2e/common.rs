@@ -405,3 +405,18 @@ pub async fn events_for(env: &Env, kind: &str, name: &str) -> Vec<Event> {
         })
         .collect()
 }
+
+/// Waits for ConfigMap `name` in the test's namespace (a plugin's child); the host's log in
+/// the panic message if it never comes.
+pub async fn wait_configmap(env: &Env, name: &str, host: &Host) -> ConfigMap {
+    let configmaps: Api<ConfigMap> = env.ns.api();
+    testenv::wait_until(
+        &format!("ConfigMap {name}"),
+        TIMEOUT,
+        || async { configmaps.get_opt(name).await },
+        Option::is_some,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nhost log:\n{}", host.logs()))
+    .expect("just seen")
+}

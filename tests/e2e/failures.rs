@@ -8,7 +8,7 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 
 use crate::common::{
-    Env, TIMEOUT, events_for, http_get, probe_resource, put_probe, wait_not_ready,
+    Env, TIMEOUT, events_for, http_get, probe_resource, put_probe, wait_configmap, wait_not_ready,
 };
 
 #[tokio::test(flavor = "multi_thread")]
@@ -222,16 +222,7 @@ async fn a_sleeping_plugin_neither_blocks_its_call_nor_the_hosts_shutdown() {
     let host = env.start_host();
     put_probe(&env, "p").await;
     // The call returns at once (the guest's clock did not move) and its child is applied.
-    let configmaps: Api<ConfigMap> = env.ns.api();
-    let child = testenv::wait_until(
-        "the sleeping plugin's ConfigMap p",
-        TIMEOUT,
-        || async { configmaps.get_opt("p").await },
-        Option::is_some,
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}\nhost log:\n{}", host.logs()))
-    .unwrap();
+    let child = wait_configmap(&env, "p", &host).await;
     assert_eq!(child.data.unwrap()["sleptNanos"], "0");
 
     let stopping = std::time::Instant::now();
@@ -276,21 +267,7 @@ async fn an_undecodable_parent_affects_only_itself_across_a_restart() {
         .expect("the API server stores a 200-deep Probe");
     let host = env.start_host();
     let configmaps = env.ns.api::<ConfigMap>();
-    let wait_child = |name: &'static str| {
-        let configmaps = configmaps.clone();
-        async move {
-            testenv::wait_until(
-                &format!("ConfigMap {name}, the child of Probe {name}"),
-                TIMEOUT,
-                || async { configmaps.get_opt(name).await },
-                Option::is_some,
-            )
-            .await
-        }
-    };
-    wait_child("before")
-        .await
-        .unwrap_or_else(|e| panic!("{e}\nhost log:\n{}", host.logs()));
+    wait_configmap(&env, "before", &host).await;
 
     // The deep one says why it is not reconciled, and has no child. Its status is read alone:
     // the whole object would not decode here either.
@@ -332,9 +309,7 @@ async fn an_undecodable_parent_affects_only_itself_across_a_restart() {
     host.kill();
     let host = env.start_host();
     put_probe(&env, "after").await;
-    wait_child("after")
-        .await
-        .unwrap_or_else(|e| panic!("{e}\nhost log:\n{}", host.logs()));
+    wait_configmap(&env, "after", &host).await;
     assert!(configmaps.get_opt("deep").await.unwrap().is_none());
 }
 
@@ -358,15 +333,7 @@ async fn an_impure_plugin_writes_its_child_once_however_often_it_runs() {
         .unwrap();
     let host = env.start_host();
     put_probe(&env, "p").await;
-    let child = testenv::wait_until(
-        "the impure plugin's ConfigMap p",
-        TIMEOUT,
-        || async { configmaps.get_opt("p").await },
-        Option::is_some,
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}\nhost log:\n{}", host.logs()))
-    .unwrap();
+    let child = wait_configmap(&env, "p", &host).await;
     let data = child.data.clone().unwrap();
     assert_eq!(data["wallSeconds"], "946684800", "the fixed wall clock");
     tokio::time::sleep(std::time::Duration::from_secs(6)).await;
