@@ -115,6 +115,8 @@ echo "status.nodes filled $(( ($(date +%s%N) - start) / 1000000 )) ms after the 
 k get memcached,deploy,pods -o wide
 
 step "hot swap: the second build adds a headless Service, no restart"
+# Its rights first: the plugin's identity may now write Services too.
+"$root/target/debug/wasmop" rbac "$wasm/memcached_v2.wasm" | k apply -f -
 k -n wasmop-system create configmap memcached --from-file=memcached.wasm="$wasm/memcached_v2.wasm" \
   --dry-run=client -o yaml | k label --local -f - wasmop.io/plugin= -o yaml | k apply --server-side --force-conflicts -f -
 wait_until "the second build to create Service memcached-sample" k get service memcached-sample
