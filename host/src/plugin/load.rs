@@ -1,6 +1,6 @@
-//! Loading one version of a plugin: source → compiled, probed plugin → kinds resolved →
-//! its [`Identity`] → permissions checked → [`Loaded`], or a typed [`LoadError`] saying why not and whether to
-//! check again later.
+//! Loading one version of a plugin: source → compiled, probed plugin → kinds resolved → its
+//! [`Identity`] → permissions checked → [`Loaded`], or a typed [`LoadError`] saying why not
+//! and whether to check again later.
 //!
 //! Nothing here keeps state or starts a controller: the registry decides what a result means
 //! for the plugin's slot, and the controller stage runs what loaded.
