@@ -54,16 +54,18 @@ impl Ledger {
         }
     }
 
-    /// The kinds recorded for `configmap`; none when there is no record or it cannot be read.
-    pub async fn read(&self, configmap: &str) -> Vec<KindRef> {
+    /// The kinds recorded for `configmap` (none without a record); `None` when the record
+    /// cannot be read, so that it is not overwritten either.
+    pub async fn read(&self, configmap: &str) -> Option<Vec<KindRef>> {
         match self.api.get_opt(LEDGER).await {
-            Ok(cm) => cm
-                .and_then(|cm| cm.data?.remove(configmap))
-                .map(|text| parse(&text))
-                .unwrap_or_default(),
+            Ok(cm) => Some(
+                cm.and_then(|cm| cm.data?.remove(configmap))
+                    .map(|text| parse(&text))
+                    .unwrap_or_default(),
+            ),
             Err(e) => {
                 tracing::warn!(configmap, error = %e, "could not read the child kinds on record");
-                Vec::new()
+                None
             }
         }
     }

@@ -92,7 +92,9 @@ impl Supervisor {
     /// its retired kinds, then records what it has now. A recorded kind no longer served, or
     /// one the host may not watch (its controller would never sync), is dropped with a warning.
     async fn retire_recorded(&self, configmap: &str, kinds: &mut Kinds) {
-        let recorded = self.ledger.read(configmap).await;
+        let Some(recorded) = self.ledger.read(configmap).await else {
+            return;
+        };
         for kind in &recorded {
             let known = |k: &&ResolvedKind| &k.kind == kind;
             if kinds.children.iter().any(|k| known(&k)) || kinds.retired.iter().any(|k| known(&k)) {
