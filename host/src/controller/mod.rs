@@ -392,7 +392,10 @@ impl Runner {
             // A clone shares the value and drops the registry's lock guard.
             .clone();
         loop {
-            self.dispatch();
+            // Once asked to stop, only the reconciles in flight are waited for.
+            if stop.is_none() {
+                self.dispatch();
+            }
             depth.set(self.queue.len() as i64);
             let due = self.queue.next_due();
             tokio::select! {
