@@ -70,10 +70,7 @@ impl Env {
             watch_namespace: Some(self.name().to_string()),
             plurals: Vec::new(),
         };
-        let yaml = wasmop::cmd::rbac::render(plugin.manifest(), &options).expect("rbac");
-        serde_yaml::Deserializer::from_str(&yaml)
-            .map(|d| serde::Deserialize::deserialize(d).expect("a YAML document"))
-            .collect()
+        wasmop::cmd::rbac::objects(plugin.manifest(), &options).expect("rbac")
     }
 
     /// Applies [`Env::rbac`], with the resources in `withhold` taken out of the plugin
@@ -418,5 +415,21 @@ pub async fn wait_configmap(env: &Env, name: &str, host: &Host) -> ConfigMap {
     )
     .await
     .unwrap_or_else(|e| panic!("{e}\nhost log:\n{}", host.logs()))
+    .expect("just seen")
+}
+
+/// Waits for an Event with `reason` about `kind/name` in the test's namespace; returns it.
+pub async fn wait_event(env: &Env, kind: &str, name: &str, reason: &str) -> Event {
+    let has = |e: &Event| e.reason.as_deref() == Some(reason);
+    testenv::wait_until(
+        &format!("a {reason} Event on {kind} {name}"),
+        TIMEOUT,
+        || async { Ok::<_, kube::Error>(events_for(env, kind, name).await) },
+        |events| events.iter().any(has),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"))
+    .into_iter()
+    .find(has)
     .expect("just seen")
 }

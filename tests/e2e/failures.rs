@@ -8,7 +8,8 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 
 use crate::common::{
-    Env, TIMEOUT, events_for, http_get, probe_resource, put_probe, wait_configmap, wait_not_ready,
+    Env, TIMEOUT, events_for, http_get, probe_resource, put_probe, wait_configmap, wait_event,
+    wait_not_ready,
 };
 
 #[tokio::test(flavor = "multi_thread")]
@@ -175,18 +176,8 @@ async fn an_object_of_the_same_name_is_never_taken_over() {
         )),
         "{message}"
     );
-    testenv::wait_until(
-        "a Warning Event ChildConflict on Memcached cache",
-        TIMEOUT,
-        || async { Ok::<_, kube::Error>(events_for(&env, "Memcached", "cache").await) },
-        |events| {
-            events
-                .iter()
-                .any(|e| e.reason.as_deref() == Some("ChildConflict"))
-        },
-    )
-    .await
-    .unwrap();
+    let conflict = wait_event(&env, "Memcached", "cache", "ChildConflict").await;
+    assert_eq!(conflict.type_.as_deref(), Some("Warning"));
 
     // Their Deployment is exactly as it was: no write, no owner, same spec.
     let after = deployments.get("cache").await.unwrap();
@@ -345,15 +336,14 @@ async fn an_impure_plugin_writes_its_child_once_however_often_it_runs() {
     assert_eq!(later.data.unwrap(), data);
     // It did run again and again meanwhile.
     let (_, metrics) = http_get(&host.http_addr().await, "/metrics").await;
-    let calls: u64 = metrics
-        .lines()
-        .find(|l| {
-            l.starts_with("wasmop_reconcile_total")
-                && l.contains("plugin=\"adversarial\"")
-                && l.contains("result=\"success\"")
+    let calls = testenv::metrics::samples(&metrics, "wasmop_reconcile_total")
+        .into_iter()
+        .find(|s| {
+            s.labels.get("plugin").map(String::as_str) == Some("adversarial")
+                && s.labels.get("result").map(String::as_str) == Some("success")
         })
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-        .unwrap_or_else(|| panic!("a reconcile count in:\n{metrics}"));
-    assert!(calls >= 3, "reconciled {calls} times");
+        .unwrap_or_else(|| panic!("a reconcile count in:\n{metrics}"))
+        .value;
+    assert!(calls >= 3.0, "reconciled {calls} times");
     println!("measured: {calls} reconciles of Probe p, 1 write of its child");
 }

@@ -10,23 +10,12 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{ListParams, Patch, PatchParams};
 use serde_json::json;
 
-use crate::common::{Env, TIMEOUT, events_for, http_get, put_probe, wait_not_ready};
+use crate::common::{Env, TIMEOUT, http_get, put_probe, wait_event, wait_not_ready};
 
-/// The Event `reason` on plugin ConfigMap `configmap`; its message.
+/// The message of the Event `reason` on plugin ConfigMap `configmap`.
 async fn wait_notice(env: &Env, configmap: &str, reason: &str) -> String {
-    let events = testenv::wait_until(
-        &format!("a {reason} Event on ConfigMap {configmap}"),
-        TIMEOUT,
-        || async { Ok::<_, kube::Error>(events_for(env, "ConfigMap", configmap).await) },
-        |events| events.iter().any(|e| e.reason.as_deref() == Some(reason)),
-    )
-    .await
-    .unwrap();
-    events
-        .into_iter()
-        .find(|e| e.reason.as_deref() == Some(reason))
-        .and_then(|e| e.message)
-        .unwrap_or_default()
+    let event = wait_event(env, "ConfigMap", configmap, reason).await;
+    event.message.unwrap_or_default()
 }
 
 /// Peak and current resident memory of a process, in MiB, from `/proc`.
@@ -142,18 +131,7 @@ async fn a_plugin_on_deployments_leaves_the_deployment_controllers_replicasets_a
     let host = env.start_host();
     // Reconciled (the plugin's Event), then again after a change. A built-in kind's status
     // is its own controller's: the host writes none.
-    testenv::wait_until(
-        "the plugin's Event on Deployment web",
-        TIMEOUT,
-        || async { Ok::<_, kube::Error>(events_for(&env, "Deployment", "web").await) },
-        |events| {
-            events
-                .iter()
-                .any(|e| e.reason.as_deref() == Some("Reconciled"))
-        },
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}\nhost log:\n{}", host.logs()));
+    wait_event(&env, "Deployment", "web", "Reconciled").await;
     let touch = json!({"metadata": {"annotations": {"touched": "yes"}}});
     deployments
         .patch("web", &PatchParams::default(), &Patch::Merge(&touch))

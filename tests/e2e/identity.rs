@@ -5,7 +5,7 @@
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 
-use crate::common::{Env, TIMEOUT, events_for, put_probe, wait_not_ready};
+use crate::common::{Env, TIMEOUT, events_for, put_probe, wait_event, wait_not_ready};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_plugin_can_write_only_what_its_service_account_may() {
@@ -30,21 +30,7 @@ async fn a_plugin_can_write_only_what_its_service_account_may() {
         assert!(message.contains(said), "{said:?} in {message}");
     }
     // The Warning Event says the same: who, which verb, which resource.
-    let event = testenv::wait_until(
-        "a Forbidden Event on Probe p",
-        TIMEOUT,
-        || async { Ok::<_, kube::Error>(events_for(&env, "Probe", "p").await) },
-        |events| {
-            events
-                .iter()
-                .any(|e| e.reason.as_deref() == Some("Forbidden"))
-        },
-    )
-    .await
-    .unwrap()
-    .into_iter()
-    .find(|e| e.reason.as_deref() == Some("Forbidden"))
-    .unwrap();
+    let event = wait_event(&env, "Probe", "p", "Forbidden").await;
     let note = event.message.unwrap_or_default();
     assert_eq!(event.type_.as_deref(), Some("Warning"));
     assert!(

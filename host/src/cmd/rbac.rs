@@ -200,6 +200,13 @@ pub fn render(manifest: &Manifest, options: &Options) -> anyhow::Result<String> 
     ))
 }
 
+/// [`render`], as one JSON value per object: what a caller applies itself.
+pub fn objects(manifest: &Manifest, options: &Options) -> anyhow::Result<Vec<serde_json::Value>> {
+    serde_yaml::Deserializer::from_str(&render(manifest, options)?)
+        .map(|doc| Ok(serde::Deserialize::deserialize(doc)?))
+        .collect()
+}
+
 fn yaml(value: &impl serde::Serialize) -> anyhow::Result<String> {
     Ok(serde_yaml::to_string(value)?)
 }
@@ -317,10 +324,7 @@ mod tests {
         let mut opts = options();
         opts.plurals = vec![("Endpoints".into(), "endpoints".into())];
         opts.name = Some("edge-rbac".into());
-        let yaml = render(&manifest, &opts).unwrap();
-        let docs: Vec<serde_json::Value> = serde_yaml::Deserializer::from_str(&yaml)
-            .map(|d| serde::Deserialize::deserialize(d).unwrap())
-            .collect();
+        let docs = objects(&manifest, &opts).unwrap();
         let joined = |v: &serde_json::Value| {
             v.as_array()
                 .unwrap()
@@ -393,10 +397,7 @@ mod tests {
         // One namespace: Roles there, the account and the impersonation where the host is.
         opts.watch_namespace = Some("team-a".into());
         opts.configmap = Some("edge-v2".into());
-        let yaml = render(&manifest, &opts).unwrap();
-        let docs: Vec<serde_json::Value> = serde_yaml::Deserializer::from_str(&yaml)
-            .map(|d| serde::Deserialize::deserialize(d).unwrap())
-            .collect();
+        let docs = objects(&manifest, &opts).unwrap();
         let placed: Vec<String> = docs
             .iter()
             .map(|d| {

@@ -11,7 +11,6 @@ use wasmop_contract::Manifest;
 
 use super::Shared;
 use super::reconcile::remove_finalizer;
-use crate::text::api_error;
 
 /// Tries per parent: a conflict means the parent changed since the cache saw it, and the
 /// cache catches up within moments.
@@ -57,12 +56,8 @@ pub async fn release_all(shared: &Shared, finalizer: &str) -> usize {
                     break;
                 }
                 Err(e) if attempt < ATTEMPTS && e.is_conflict() => tokio::time::sleep(PAUSE).await,
-                Err(e) => {
-                    let error = match &e {
-                        super::error::ReconcileError::Finalizer { source, .. } => api_error(source),
-                        e => e.to_string(),
-                    };
-                    tracing::warn!(namespace = ns.as_deref().unwrap_or(""), %name, finalizer, %error, "could not release the finalizer");
+                Err(error) => {
+                    tracing::warn!(namespace = ns.as_deref().unwrap_or(""), %name, %error, "could not release the finalizer");
                     break;
                 }
             }

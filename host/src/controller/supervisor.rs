@@ -119,9 +119,13 @@ impl Supervisor {
                 }
             }
         }
-        let now: Vec<KindRef> = kinds.all_children().into_iter().map(|k| k.kind).collect();
-        // Newest first when the record is full: declared kinds, then the latest retired.
-        let now: Vec<KindRef> = now.into_iter().take(ledger::MAX_KINDS).collect();
+        // Declared kinds first, then retired ones, cut at what the record holds.
+        let now: Vec<KindRef> = kinds
+            .all_children()
+            .into_iter()
+            .map(|k| k.kind)
+            .take(ledger::MAX_KINDS)
+            .collect();
         if now != recorded {
             self.ledger.write(configmap, Some(&now)).await;
         }

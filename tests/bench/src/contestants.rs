@@ -242,10 +242,7 @@ pub async fn grant_plugin(client: &Client, name: &str, wasm: &Path) -> Result<()
         watch_namespace: None,
         plurals: Vec::new(),
     };
-    let yaml = wasmop::cmd::rbac::render(plugin.manifest(), &options)?;
-    let objects = serde_yaml::Deserializer::from_str(&yaml)
-        .map(serde::Deserialize::deserialize)
-        .collect::<Result<Vec<serde_json::Value>, _>>()?;
+    let objects = wasmop::cmd::rbac::objects(plugin.manifest(), &options)?;
     testenv::apply_objects(client, objects, "wasmop-bench")
         .await
         .with_context(|| format!("granting plugin {name} its RBAC"))?;
