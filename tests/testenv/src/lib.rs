@@ -32,6 +32,11 @@
 //! - [`namespace`]: a uniquely named namespace per test.
 //! - [`wait_for`], [`wait_until`]: polling with timeouts that say what was awaited and seen.
 //! - [`metrics`]: the apiserver's request counters.
+//! - Faults, on a private plane: [`TestEnv::kill`], [`TestEnv::stop_part`] and
+//!   [`TestEnv::start_part`] take one [`Part`] (etcd, the apiserver, …) down and bring it
+//!   back on the same ports; [`TestEnv::compact`] compacts etcd, so old resource versions
+//!   get `410 Gone`; a [`Proxy`] in front of the apiserver ([`TestEnv::client_via`],
+//!   [`TestEnv::kubeconfig_via`]) black-holes, heals or cuts the connections through it.
 //!
 //! From a shell, `cargo run -p testenv -- up` starts a plane in the foreground and prints
 //! `KUBECONFIG=<path>`; `cargo run -p testenv -- build` only builds the binaries.
@@ -48,11 +53,13 @@ pub mod binaries;
 mod certs;
 mod crd;
 mod error;
+mod http1;
 pub mod metrics;
 mod namespace;
 mod plane;
 mod ports;
 mod process;
+mod proxy;
 mod shared;
 mod wait;
 
@@ -61,7 +68,8 @@ pub use binaries::{KUBERNETES_VERSION, KWOK_VERSION};
 pub use crd::apply_crd;
 pub use error::{Error, Result};
 pub use namespace::{TEST_NAMESPACE_LABEL, TestNamespace, namespace};
-pub use plane::{NODE_NAME, TestEnv};
+pub use plane::{NODE_NAME, Part, TestEnv};
 pub use process::spawn as spawn_tied;
+pub use proxy::Proxy;
 pub use shared::{SharedCluster, USE_EXISTING_ENV, client, shared};
 pub use wait::{Timeout, wait_for, wait_until};

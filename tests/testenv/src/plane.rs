@@ -10,9 +10,18 @@
 //! `$TMPDIR/wasmop-testenv/` and is removed on stop (kept after a failed start, for its
 //! logs). A work dir left by a killed process, or by a `static` plane that was never
 //! stopped, is removed by the next start (each live plane holds a lock on its own).
+//!
+//! For fault-injection tests, one [`Part`] of a running plane can be killed
+//! ([`TestEnv::kill`]), stopped ([`TestEnv::stop_part`]) and started again
+//! ([`TestEnv::start_part`]) with the same arguments and ports; and etcd can be compacted
+//! ([`TestEnv::compact`]) through its JSON gateway, so reads at older resource versions
+//! that reach etcd get `410 Gone`.
 
+use std::fmt;
 use std::fs::{self, File};
 use std::future::Future;
+use std::io::{Read, Seek, SeekFrom};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -34,6 +43,7 @@ use crate::process::Component;
 /// The name of the fake node every plane has.
 pub const NODE_NAME: &str = "kwok-node";
 
+/// The component names, as in logs, errors and [`TestEnv::processes`].
 const ETCD: &str = "etcd";
 const APISERVER: &str = "kube-apiserver";
 const CONTROLLER_MANAGER: &str = "kube-controller-manager";
@@ -50,6 +60,62 @@ const ETCD_TIMEOUT: Duration = Duration::from_secs(30);
 const APISERVER_TIMEOUT: Duration = Duration::from_secs(90);
 const NODE_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How long a component gets to exit after `SIGTERM` before it is killed.
+fn grace(component: &str) -> Duration {
+    match component {
+        // etcd must outlive the apiserver, which otherwise retries it for a long time.
+        APISERVER => Duration::from_secs(15),
+        _ => Duration::from_secs(5),
+    }
+}
+
+/// How long [`TestEnv::compact`] waits for each answer of etcd.
+const ETCD_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One component of a plane, for [`TestEnv::kill`], [`TestEnv::stop_part`] and
+/// [`TestEnv::start_part`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Part {
+    /// etcd, the store.
+    Etcd,
+    /// kube-apiserver.
+    Apiserver,
+    /// kube-controller-manager.
+    ControllerManager,
+    /// kube-scheduler.
+    Scheduler,
+    /// kwok, which runs the fake node and its pods.
+    Kwok,
+}
+
+impl Part {
+    /// Every part, in start order.
+    pub const ALL: [Part; 5] = [
+        Part::Etcd,
+        Part::Apiserver,
+        Part::ControllerManager,
+        Part::Scheduler,
+        Part::Kwok,
+    ];
+
+    /// The component's name, as in [`TestEnv::processes`] and errors, e.g. `kube-apiserver`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Part::Etcd => ETCD,
+            Part::Apiserver => APISERVER,
+            Part::ControllerManager => CONTROLLER_MANAGER,
+            Part::Scheduler => SCHEDULER,
+            Part::Kwok => KWOK,
+        }
+    }
+}
+
+impl fmt::Display for Part {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// A start whose ports were taken meanwhile by another process is tried again this often.
 const START_ATTEMPTS: u32 = 3;
 
@@ -61,9 +127,14 @@ const START_ATTEMPTS: u32 = 3;
 /// need to stop.
 #[derive(Debug)]
 pub struct TestEnv {
-    /// In start order; emptied by the first stop.
+    /// In start order, also while one is stopped; emptied by the first stop.
     components: Mutex<Vec<Component>>,
     apiserver_url: String,
+    apiserver_addr: SocketAddr,
+    etcd_url: String,
+    etcd_addr: SocketAddr,
+    /// For kubeconfigs naming another server ([`TestEnv::kubeconfig_via`]).
+    pki: certs::Pki,
     kubeconfig_yaml: String,
     kubeconfig_path: PathBuf,
     work_dir: WorkDir,
@@ -120,13 +191,19 @@ impl TestEnv {
             apiserver: port()?,
             scheduler: port()?,
         };
-        let apiserver_url = format!("https://127.0.0.1:{}", layout.apiserver);
+        let apiserver_addr = SocketAddr::from((Ipv4Addr::LOCALHOST, layout.apiserver));
+        let apiserver_url = format!("https://{apiserver_addr}");
+        let etcd_addr = SocketAddr::from((Ipv4Addr::LOCALHOST, layout.etcd_client));
         let kubeconfig_yaml = layout.pki.admin_kubeconfig(&apiserver_url);
         let kubeconfig_path = work_dir.path.join("kubeconfig");
         write(&kubeconfig_path, &kubeconfig_yaml)?;
         let env = TestEnv {
             components: Mutex::new(Vec::new()),
             apiserver_url,
+            apiserver_addr,
+            etcd_url: format!("http://{etcd_addr}"),
+            etcd_addr,
+            pki: layout.pki.clone(),
             kubeconfig_yaml,
             kubeconfig_path,
             work_dir,
@@ -138,17 +215,13 @@ impl TestEnv {
     async fn boot(&self, bins: &Binaries, layout: &Layout) -> Result<()> {
         let dir = &self.work_dir.path;
         let pki = &layout.pki;
-        let (etcd_client, etcd_peer, apiserver_port, scheduler_port) = (
-            layout.etcd_client,
-            layout.etcd_peer,
-            layout.apiserver,
-            layout.scheduler,
-        );
+        let (etcd_peer, apiserver_port, scheduler_port) =
+            (layout.etcd_peer, layout.apiserver, layout.scheduler);
         let kubeconfig = self.kubeconfig_path.to_string_lossy().into_owned();
         let path = |p: &Path| p.to_string_lossy().into_owned();
         let client = self.client().await?;
 
-        let etcd_url = format!("http://127.0.0.1:{etcd_client}");
+        let etcd_url = &self.etcd_url;
         self.launch(
             ETCD,
             &bins.controlplane,
@@ -159,12 +232,7 @@ impl TestEnv {
                 format!("--peer-url=http://127.0.0.1:{etcd_peer}"),
             ],
         )?;
-        let etcd_log = dir.join(format!("{ETCD}.log"));
-        self.until_ready(ETCD, "\"etcd: ready\" in its log", ETCD_TIMEOUT, || async {
-            let log = fs::read_to_string(&etcd_log).unwrap_or_default();
-            Ok(log.contains("etcd: ready"))
-        })
-        .await?;
+        self.until_etcd_ready(0).await?;
 
         self.launch(
             APISERVER,
@@ -187,21 +255,7 @@ impl TestEnv {
                 format!("--service-account-signing-key-file={}", path(&pki.sa_key)),
             ],
         )?;
-        self.until_ready(
-            APISERVER,
-            "/readyz to answer ok",
-            APISERVER_TIMEOUT,
-            || async {
-                let request = http::Request::get("/readyz")
-                    .body(Vec::new())
-                    .expect("a static request");
-                match client.request_text(request).await {
-                    Ok(body) => Ok(body.trim() == "ok"),
-                    Err(e) => Err(e.to_string()),
-                }
-            },
-        )
-        .await?;
+        self.until_apiserver_ready(&client).await?;
 
         self.launch(
             CONTROLLER_MANAGER,
@@ -287,6 +341,174 @@ impl TestEnv {
         self.check_running()
     }
 
+    /// Waits until etcd's log, from byte `from` on, says `etcd: ready`.
+    async fn until_etcd_ready(&self, from: u64) -> Result<()> {
+        let log = self.work_dir.path.join(format!("{ETCD}.log"));
+        let what = "\"etcd: ready\" in its log";
+        self.until_ready(ETCD, what, ETCD_TIMEOUT, || async {
+            let read = || -> std::io::Result<String> {
+                let mut file = File::open(&log)?;
+                file.seek(SeekFrom::Start(from))?;
+                let mut text = String::new();
+                file.read_to_string(&mut text)?;
+                Ok(text)
+            };
+            Ok(read().unwrap_or_default().contains("etcd: ready"))
+        })
+        .await
+    }
+
+    /// Waits until the apiserver's `/readyz` answers ok.
+    async fn until_apiserver_ready(&self, client: &Client) -> Result<()> {
+        let what = "/readyz to answer ok";
+        self.until_ready(APISERVER, what, APISERVER_TIMEOUT, || async {
+            let request = http::Request::get("/readyz")
+                .body(Vec::new())
+                .expect("a static request");
+            match client.request_text(request).await {
+                Ok(body) => Ok(body.trim() == "ok"),
+                Err(e) => Err(e.to_string()),
+            }
+        })
+        .await
+    }
+
+    /// Kills one part with `SIGKILL` and waits for it to exit, as a crash would. It stays
+    /// down, and is no crash for [`TestEnv::check_running`] or [`TestEnv::stop`], until
+    /// [`TestEnv::start_part`].
+    ///
+    /// Killing a part that is already stopped does nothing; one that has crashed gives the
+    /// crash as error.
+    pub fn kill(&self, part: Part) -> Result<()> {
+        let mut components = self.components();
+        let component = find(&mut components, part)?;
+        component.ensure_running()?;
+        component.kill();
+        tracing::debug!(component = part.name(), "killed");
+        Ok(())
+    }
+
+    /// Stops one part as [`TestEnv::stop`] does (`SIGTERM`, a grace period of 15 s for the
+    /// apiserver and 5 s for the others, then `SIGKILL`) and waits for it to exit. It stays
+    /// down, and is no crash, until [`TestEnv::start_part`].
+    ///
+    /// Waits without blocking the runtime. Stopping a part that is already stopped does
+    /// nothing; one that has crashed gives the crash as error.
+    pub async fn stop_part(&self, part: Part) -> Result<()> {
+        let grace = grace(part.name());
+        {
+            let mut components = self.components();
+            let component = find(&mut components, part)?;
+            component.ensure_running()?;
+            if !component.terminate() {
+                return Ok(());
+            }
+        }
+        let stopping = Instant::now();
+        loop {
+            {
+                let mut components = self.components();
+                let component = find(&mut components, part)?;
+                if component.exited().is_some() {
+                    break;
+                }
+                if stopping.elapsed() >= grace {
+                    component.warn_unstopped(grace);
+                    component.kill();
+                    break;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tracing::debug!(component = part.name(), elapsed = ?stopping.elapsed(), "stopped");
+        Ok(())
+    }
+
+    /// Starts a part that is down again, with exactly the program, arguments (so the same
+    /// ports and data), environment and log file as before (the log is appended to), and
+    /// waits until it is ready: etcd until it logs `etcd: ready` again, the apiserver until
+    /// `/readyz` answers ok; the others only need to be running.
+    ///
+    /// A part that crashed may be started again too. Errors if the part is still running,
+    /// cannot be started, or is not ready in time (30 s for etcd, 90 s for the apiserver).
+    /// After an etcd restart the apiserver reconnects on its own, but that is not awaited.
+    pub async fn start_part(&self, part: Part) -> Result<()> {
+        let log_len = {
+            let mut components = self.components();
+            let component = find(&mut components, part)?;
+            let log_len = fs::metadata(&component.log).map_or(0, |m| m.len());
+            component.restart()?;
+            log_len
+        };
+        tracing::debug!(component = part.name(), "started again");
+        match part {
+            Part::Etcd => self.until_etcd_ready(log_len).await,
+            Part::Apiserver => self.until_apiserver_ready(&self.client().await?).await,
+            Part::ControllerManager | Part::Scheduler | Part::Kwok => self.check_running(),
+        }
+    }
+
+    /// Compacts etcd at its current revision, physically, and returns that revision: from
+    /// then on, a read at an older `resourceVersion` that reaches etcd gets `410 Gone`.
+    ///
+    /// The apiserver's watch cache keeps serving the revisions it holds (watches and even
+    /// exact lists), so to send clients to the compacted past, restart the apiserver after
+    /// compacting ([`TestEnv::kill`], [`TestEnv::start_part`]): its new cache starts at the
+    /// current revision and leaves older reads to etcd.
+    ///
+    /// Goes through etcd's gRPC JSON gateway (`POST /v3/kv/range`, `/v3/kv/compaction`). A
+    /// revision compacted already (nothing written since the last compaction) is no error.
+    pub async fn compact(&self) -> Result<i64> {
+        let range = self
+            .etcd_post("/v3/kv/range", &serde_json::json!({ "key": "AA==" }))
+            .await?;
+        let revision = range["header"]["revision"]
+            .as_str()
+            .and_then(|r| r.parse::<i64>().ok())
+            .ok_or_else(|| {
+                self.etcd_error(format!(
+                    "answered POST /v3/kv/range without a header.revision: {range}"
+                ))
+            })?;
+        let compaction = serde_json::json!({ "revision": revision, "physical": true });
+        match self.etcd_post("/v3/kv/compaction", &compaction).await {
+            Ok(_) => {}
+            Err(Error::Component { problem, .. })
+                if problem.contains("required revision has been compacted") => {}
+            Err(e) => return Err(e),
+        }
+        tracing::debug!(revision, "compacted etcd");
+        Ok(revision)
+    }
+
+    /// `POST`s JSON to etcd's gateway and returns the JSON answer of a 200.
+    async fn etcd_post(&self, path: &str, body: &serde_json::Value) -> Result<serde_json::Value> {
+        let body = body.to_string();
+        let request = crate::http1::post(self.etcd_addr, path, &body);
+        let (status, text) = tokio::time::timeout(ETCD_REQUEST_TIMEOUT, request)
+            .await
+            .map_err(|_| {
+                self.etcd_error(format!(
+                    "did not answer POST {path} within {ETCD_REQUEST_TIMEOUT:?}"
+                ))
+            })?
+            .map_err(|e| Error::io(format!("POST {}{path}", self.etcd_url), e))?;
+        if status != 200 {
+            return Err(self.etcd_error(format!("answered POST {path} with {status}: {text}")));
+        }
+        serde_json::from_str(&text).map_err(|e| {
+            self.etcd_error(format!("answered POST {path} with bad JSON ({e}): {text}"))
+        })
+    }
+
+    fn etcd_error(&self, problem: String) -> Error {
+        let mut components = self.components();
+        match find(&mut components, Part::Etcd) {
+            Ok(etcd) => etcd.error(problem),
+            Err(e) => e,
+        }
+    }
+
     /// The admin kubeconfig (`system:masters`), a file in the plane's work dir.
     pub fn kubeconfig_path(&self) -> &Path {
         &self.kubeconfig_path
@@ -297,9 +519,33 @@ impl TestEnv {
         &self.kubeconfig_yaml
     }
 
+    /// The admin kubeconfig as YAML, like [`TestEnv::kubeconfig_yaml`] but with the server
+    /// `https://<addr>`, e.g. a [`crate::Proxy`] in front of the apiserver. The serving
+    /// certificate is for `127.0.0.1` and `localhost`, so `addr` must be on 127.0.0.1.
+    pub fn kubeconfig_via(&self, addr: SocketAddr) -> String {
+        self.pki.admin_kubeconfig(&format!("https://{addr}"))
+    }
+
+    /// A new admin client that reaches the apiserver through `addr` (see
+    /// [`TestEnv::kubeconfig_via`]), bound to the calling tokio runtime.
+    pub async fn client_via(&self, addr: SocketAddr) -> Result<Client> {
+        let origin = format!("of the test plane via {addr}");
+        client_from_kubeconfig(&self.kubeconfig_via(addr), &origin).await
+    }
+
     /// The apiserver's URL, `https://127.0.0.1:<port>`.
     pub fn apiserver_url(&self) -> &str {
         &self.apiserver_url
+    }
+
+    /// The apiserver's address, `127.0.0.1:<port>`, e.g. the target of a [`crate::Proxy`].
+    pub fn apiserver_addr(&self) -> SocketAddr {
+        self.apiserver_addr
+    }
+
+    /// etcd's client URL, `http://127.0.0.1:<port>` (plain HTTP, gRPC and its JSON gateway).
+    pub fn etcd_url(&self) -> &str {
+        &self.etcd_url
     }
 
     /// The directory holding the plane's certificates, etcd data and `<component>.log` files.
@@ -312,15 +558,18 @@ impl TestEnv {
         client_from_kubeconfig(&self.kubeconfig_yaml, "of the test plane").await
     }
 
-    /// The name and process id of each running component, in start order.
+    /// The name and process id of each component, in start order, leaving out parts stopped
+    /// with [`TestEnv::kill`] or [`TestEnv::stop_part`] and not started again.
     pub fn processes(&self) -> Vec<(&'static str, u32)> {
         self.components()
             .iter()
+            .filter(|c| !c.is_stopped())
             .map(|c| (c.name, c.pid()))
             .collect()
     }
 
-    /// `Err` naming the first component that has exited, with the end of its log.
+    /// `Err` naming the first component that has exited, with the end of its log. Parts
+    /// stopped on purpose ([`TestEnv::kill`], [`TestEnv::stop_part`]) do not count.
     pub fn check_running(&self) -> Result<()> {
         self.components()
             .iter_mut()
@@ -330,7 +579,8 @@ impl TestEnv {
     /// Stops the components in reverse start order (each gets `SIGTERM`, a grace period,
     /// then `SIGKILL`) and removes the work dir.
     ///
-    /// Returns an error if a component had already exited before the stop, i.e. crashed.
+    /// Returns an error if a component had already exited before the stop, i.e. crashed;
+    /// a part stopped on purpose and not started again is no crash.
     pub async fn stop(self) -> Result<()> {
         tokio::task::spawn_blocking(move || self.shutdown())
             .await
@@ -344,11 +594,7 @@ impl TestEnv {
             if let Err(e) = component.ensure_running() {
                 crashed.get_or_insert(e);
             }
-            // etcd must outlive the apiserver, which otherwise retries it for a long time.
-            let grace = match component.name {
-                APISERVER => Duration::from_secs(15),
-                _ => Duration::from_secs(5),
-            };
+            let grace = grace(component.name);
             let stopping = std::time::Instant::now();
             component.stop(grace);
             tracing::debug!(component = component.name, elapsed = ?stopping.elapsed(), "stopped");
@@ -432,6 +678,19 @@ impl Drop for TestEnv {
             tracing::debug!("a component had exited before the stop: {e}");
         }
     }
+}
+
+/// The component of `part` among `components`.
+fn find(components: &mut [Component], part: Part) -> Result<&mut Component> {
+    components
+        .iter_mut()
+        .find(|c| c.name == part.name())
+        .ok_or_else(|| Error::Component {
+            component: part.name(),
+            problem: "is not part of this plane (it was stopped)".into(),
+            log: PathBuf::new(),
+            tail: String::new(),
+        })
 }
 
 /// Builds a client from kubeconfig YAML; `origin` describes it for errors.

@@ -77,24 +77,97 @@ fn spawner() -> &'static Mutex<mpsc::Sender<SpawnRequest>> {
     })
 }
 
-/// One running component: its process and the log file holding its stdout and stderr.
+/// How a component was started, kept so it can be started again the same way.
+#[derive(Debug, Clone)]
+struct Launch {
+    program: std::ffi::OsString,
+    args: Vec<std::ffi::OsString>,
+    /// Changes to the inherited environment; `None` removes the variable.
+    envs: Vec<(std::ffi::OsString, Option<std::ffi::OsString>)>,
+    current_dir: Option<PathBuf>,
+}
+
+impl Launch {
+    fn of(cmd: &Command) -> Launch {
+        Launch {
+            program: cmd.get_program().to_owned(),
+            args: cmd.get_args().map(ToOwned::to_owned).collect(),
+            envs: cmd
+                .get_envs()
+                .map(|(k, v)| (k.to_owned(), v.map(ToOwned::to_owned)))
+                .collect(),
+            current_dir: cmd.get_current_dir().map(Path::to_path_buf),
+        }
+    }
+
+    fn command(&self) -> Command {
+        let mut cmd = Command::new(&self.program);
+        cmd.args(&self.args);
+        for (key, value) in &self.envs {
+            match value {
+                Some(value) => cmd.env(key, value),
+                None => cmd.env_remove(key),
+            };
+        }
+        if let Some(dir) = &self.current_dir {
+            cmd.current_dir(dir);
+        }
+        cmd
+    }
+}
+
+/// One component: its process, the log file holding its stdout and stderr, and how it was
+/// started (for [`Component::restart`]).
 #[derive(Debug)]
 pub(crate) struct Component {
     pub(crate) name: &'static str,
     pub(crate) log: PathBuf,
+    launch: Launch,
     child: Child,
     /// Set once the process has been reaped.
     exit: Option<ExitStatus>,
+    /// Set when the process was stopped on purpose; its exit is then no crash.
+    stopped: bool,
 }
 
 impl Component {
-    /// Starts `program args…` with stdout and stderr appended to `log`.
+    /// Starts `program args…` with stdout and stderr written to `log`, which is truncated.
     ///
     /// The child gets its own process group, so a Ctrl-C in the terminal reaches only the
     /// test process, which then stops the components in order instead of all at once.
-    pub(crate) fn start(name: &'static str, mut cmd: Command, log: PathBuf) -> Result<Component> {
-        let out =
-            File::create(&log).map_err(|e| Error::io(format!("creating {}", log.display()), e))?;
+    pub(crate) fn start(name: &'static str, cmd: Command, log: PathBuf) -> Result<Component> {
+        let launch = Launch::of(&cmd);
+        let child = Self::spawn(name, cmd, &log, false)?;
+        Ok(Component {
+            name,
+            log,
+            launch,
+            child,
+            exit: None,
+            stopped: false,
+        })
+    }
+
+    /// Starts the exited process again with the same program, arguments, environment and
+    /// working directory, appending to its log.
+    pub(crate) fn restart(&mut self) -> Result<()> {
+        if self.exited().is_none() {
+            return Err(self.error("is still running; stop it before starting it again"));
+        }
+        self.child = Self::spawn(self.name, self.launch.command(), &self.log, true)?;
+        self.exit = None;
+        self.stopped = false;
+        Ok(())
+    }
+
+    fn spawn(name: &'static str, mut cmd: Command, log: &Path, append: bool) -> Result<Child> {
+        let out = File::options()
+            .write(true)
+            .create(true)
+            .append(append)
+            .truncate(!append)
+            .open(log)
+            .map_err(|e| Error::io(format!("opening {}", log.display()), e))?;
         let err = out
             .try_clone()
             .map_err(|e| Error::io(format!("duplicating {}", log.display()), e))?;
@@ -102,18 +175,17 @@ impl Component {
             .stdout(out)
             .stderr(err)
             .process_group(0);
-        let child = spawn(cmd).map_err(|e| Error::io(format!("starting {name}"), e))?;
-        Ok(Component {
-            name,
-            log,
-            child,
-            exit: None,
-        })
+        spawn(cmd).map_err(|e| Error::io(format!("starting {name}"), e))
     }
 
     /// The process id.
     pub(crate) fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Whether the process was stopped on purpose and not started again.
+    pub(crate) fn is_stopped(&self) -> bool {
+        self.stopped
     }
 
     /// The exit status if the process has ended, without blocking.
@@ -134,21 +206,46 @@ impl Component {
         }
     }
 
-    /// `Err` naming the component if it has exited.
+    /// `Err` naming the component if it has exited without being stopped on purpose.
     pub(crate) fn ensure_running(&mut self) -> Result<()> {
         match self.exited() {
-            None => Ok(()),
-            Some(status) => Err(self.error(format!("exited unexpectedly ({status})"))),
+            Some(status) if !self.stopped => {
+                Err(self.error(format!("exited unexpectedly ({status})")))
+            }
+            _ => Ok(()),
         }
+    }
+
+    /// Sends `SIGTERM` and marks the process stopped on purpose, unless it has exited (a
+    /// crash stays a crash).
+    ///
+    /// Returns whether the process was still running.
+    pub(crate) fn terminate(&mut self) -> bool {
+        if self.exited().is_some() {
+            return false;
+        }
+        self.stopped = true;
+        if let Some(pid) = Pid::from_raw(self.child.id() as i32) {
+            let _ = rustix::process::kill_process(pid, Signal::TERM);
+        }
+        true
+    }
+
+    /// Sends `SIGKILL`, reaps the process and marks it stopped on purpose, unless it has
+    /// exited (a crash stays a crash).
+    pub(crate) fn kill(&mut self) {
+        if self.exited().is_some() {
+            return;
+        }
+        self.stopped = true;
+        let _ = self.child.kill();
+        self.exit = self.child.wait().ok();
     }
 
     /// Sends `SIGTERM`, waits up to `grace` for the exit, then sends `SIGKILL` and reaps.
     pub(crate) fn stop(&mut self, grace: Duration) {
-        if self.exited().is_some() {
+        if !self.terminate() {
             return;
-        }
-        if let Some(pid) = Pid::from_raw(self.child.id() as i32) {
-            let _ = rustix::process::kill_process(pid, Signal::TERM);
         }
         let deadline = Instant::now() + grace;
         while Instant::now() < deadline {
@@ -157,13 +254,17 @@ impl Component {
             }
             thread::sleep(Duration::from_millis(20));
         }
+        self.warn_unstopped(grace);
+        self.kill();
+    }
+
+    /// Logs that the process outlived its grace period after `SIGTERM`.
+    pub(crate) fn warn_unstopped(&self, grace: Duration) {
         tracing::warn!(
             component = self.name,
             ?grace,
             "did not stop after SIGTERM; killing it"
         );
-        let _ = self.child.kill();
-        self.exit = self.child.wait().ok();
     }
 }
 
@@ -220,8 +321,68 @@ mod tests {
         assert!(c.ensure_running().is_ok());
         c.stop(Duration::from_secs(5));
         assert!(c.exited().is_some());
+        assert!(c.ensure_running().is_ok(), "a stop counted as a crash");
+        std::fs::remove_file(log).unwrap();
+    }
+
+    #[test]
+    fn an_exit_not_asked_for_is_a_crash() {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "exit 3"]);
+        let log = std::env::temp_dir().join(format!("testenv-crash-{}.log", std::process::id()));
+        let mut c = Component::start("crasher", cmd, log.clone()).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while c.exited().is_none() {
+            assert!(Instant::now() < deadline, "sh -c 'exit 3' did not exit");
+            thread::sleep(Duration::from_millis(20));
+        }
         let err = c.ensure_running().unwrap_err().to_string();
-        assert!(err.starts_with("sleep exited unexpectedly"), "{err}");
+        assert!(err.starts_with("crasher exited unexpectedly"), "{err}");
+        // Stopping it afterwards does not turn the crash into a stop.
+        assert!(!c.terminate());
+        c.kill();
+        assert!(c.ensure_running().is_err());
+        // But it may be started again.
+        c.restart().unwrap();
+        std::fs::remove_file(log).unwrap();
+    }
+
+    #[test]
+    fn restart_reuses_the_command_and_appends_to_the_log() {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "echo \"started $GREETING\"; exec sleep 600"])
+            .env("GREETING", "hello")
+            .env_remove("KUBECONFIG");
+        let log = std::env::temp_dir().join(format!("testenv-restart-{}.log", std::process::id()));
+        let mut c = Component::start("sleeper", cmd, log.clone()).unwrap();
+        let first = c.pid();
+        assert!(c.restart().is_err(), "restarted while running");
+        let logged = |lines: usize| {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while std::fs::read_to_string(&log).unwrap().lines().count() < lines {
+                assert!(Instant::now() < deadline, "no line {lines} in the log");
+                thread::sleep(Duration::from_millis(20));
+            }
+        };
+        logged(1);
+
+        c.kill();
+        assert!(c.is_stopped());
+        assert!(
+            c.ensure_running().is_ok(),
+            "a kill on purpose counted as a crash"
+        );
+        c.restart().unwrap();
+        assert!(!c.is_stopped());
+        assert_ne!(c.pid(), first);
+        logged(2);
+        assert_eq!(
+            std::fs::read_to_string(&log).unwrap(),
+            "started hello\nstarted hello\n"
+        );
+
+        c.stop(Duration::from_secs(5));
+        assert!(c.exited().is_some() && c.ensure_running().is_ok());
         std::fs::remove_file(log).unwrap();
     }
 }

@@ -1,7 +1,8 @@
 //! Tests against a real control plane: the one shared by this test binary, plus a second one
 //! started beside it. They check what wasmop's own tests rely on: the pinned version, real
 //! Deployments with pods made Running and Ready by kwok, real garbage collection, CRDs with a
-//! status subresource, and isolation between planes.
+//! status subresource, isolation between planes, and the faults a test can inject: parts
+//! killed and started again, etcd compacted, a proxy that black-holes the apiserver.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -9,11 +10,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::json;
+use testenv::{Part, Proxy};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -237,6 +239,163 @@ async fn a_second_plane_runs_beside_the_shared_one() -> anyhow::Result<()> {
         plane.check_running()?;
     }
     Ok(())
+}
+
+#[tokio::test]
+async fn parts_restart_etcd_compacts_and_a_proxy_black_holes() -> anyhow::Result<()> {
+    let env = testenv::TestEnv::start().await?;
+    let client = env.client().await?;
+    let ns = testenv::namespace(&client, "faults").await?;
+    let config_maps = ns.api::<ConfigMap>();
+    let first = config_maps
+        .create(&PostParams::default(), &config_map("first"))
+        .await?;
+    let names = |env: &testenv::TestEnv| -> Vec<&'static str> {
+        env.processes().into_iter().map(|(name, _)| name).collect()
+    };
+    let all: Vec<&str> = Part::ALL.iter().map(|p| p.name()).collect();
+    assert_eq!(names(&env), all);
+
+    // A write after `first`, so the watch cache of the restarted apiserver starts after
+    // `first` and leaves reads at `first`'s revision to etcd (see the compaction below).
+    config_maps
+        .create(&PostParams::default(), &config_map("second"))
+        .await?;
+
+    // The apiserver, killed: not a crash, gone from processes(), back on the same port.
+    let pid_of = |part: Part| env.processes().into_iter().find(|(n, _)| *n == part.name());
+    let (_, old_pid) = pid_of(Part::Apiserver).context("no apiserver process")?;
+    env.kill(Part::Apiserver)?;
+    assert!(
+        !Path::new(&format!("/proc/{old_pid}")).exists(),
+        "the apiserver survived kill"
+    );
+    env.check_running()
+        .context("a part killed on purpose counted as a crash")?;
+    assert_eq!(pid_of(Part::Apiserver), None);
+    assert!(
+        client.apiserver_version().await.is_err(),
+        "a killed apiserver answered"
+    );
+    env.start_part(Part::Apiserver).await?;
+    assert_eq!(names(&env), all);
+    assert_ne!(pid_of(Part::Apiserver).map(|(_, pid)| pid), Some(old_pid));
+    // The client made before the kill reaches the new apiserver at the same URL.
+    create_eventually(&config_maps, "after-apiserver").await?;
+
+    // etcd, killed and started again: the apiserver reconnects, the data is still there.
+    env.kill(Part::Etcd)?;
+    env.check_running()?;
+    env.start_part(Part::Etcd).await?;
+    create_eventually(&config_maps, "after-etcd").await?;
+    assert!(
+        config_maps.get_opt("first").await?.is_some(),
+        "etcd lost data"
+    );
+
+    // A graceful stop of a part, and a start.
+    env.stop_part(Part::Scheduler).await?;
+    env.check_running()?;
+    env.start_part(Part::Scheduler).await?;
+    assert_eq!(names(&env), all);
+
+    // Compaction. An exact list at `first`'s revision is older than the watch cache of the
+    // restarted apiserver, so etcd serves it: until the compaction, then it is Gone.
+    let old: u64 = first
+        .metadata
+        .resource_version
+        .context("no resourceVersion")?
+        .parse()?;
+    let exact_old = ListParams::default()
+        .at(&old.to_string())
+        .matching(kube::api::VersionMatch::Exact);
+    config_maps
+        .list(&exact_old)
+        .await
+        .context("an exact list at an old revision before compaction")?;
+    let revision = env.compact().await?;
+    assert!(
+        u64::try_from(revision)? > old,
+        "compacted at {revision}, not after {old}"
+    );
+    match config_maps.list(&exact_old).await {
+        Err(kube::Error::Api(status)) if status.code == 410 => {}
+        other => anyhow::bail!("an exact list at {old} after compacting at {revision}: {other:?}"),
+    }
+    env.compact().await.context("compacting again")?;
+
+    // A proxy in front of the apiserver: through it a client works, black-holed it hangs,
+    // healed it works again.
+    let proxy = Proxy::start(env.apiserver_addr()).await?;
+    assert!(env.kubeconfig_via(proxy.addr()).contains(&format!(
+        "server: https://127.0.0.1:{}",
+        proxy.addr().port()
+    )));
+    let via = env.client_via(proxy.addr()).await?;
+    let version = |client: kube::Client| async move {
+        tokio::time::timeout(Duration::from_secs(2), client.apiserver_version()).await
+    };
+    version(via.clone()).await.context("through the proxy")??;
+    assert!(proxy.connections() >= 1);
+    proxy.black_hole();
+    assert!(
+        version(via.clone()).await.is_err(),
+        "an answer through a black hole"
+    );
+    proxy.heal();
+    version(via.clone())
+        .await
+        .context("through the healed proxy")??;
+    proxy.cut();
+    testenv::wait_for(
+        "the client to get through again after a cut",
+        TIMEOUT,
+        || async {
+            Ok::<_, std::convert::Infallible>(version(via.clone()).await.ok().and_then(Result::ok))
+        },
+    )
+    .await?;
+    drop(proxy);
+
+    // A part left down is no crash at stop, and every process is gone after it.
+    env.kill(Part::Kwok)?;
+    let pids: Vec<u32> = env.processes().into_iter().map(|(_, pid)| pid).collect();
+    assert_eq!(pids.len(), 4);
+    env.stop().await.context("stopping with kwok down")?;
+    for pid in pids {
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists(),
+            "process {pid} outlived stop()"
+        );
+    }
+    Ok(())
+}
+
+/// Creates an empty ConfigMap, retrying while the plane recovers from a restart.
+async fn create_eventually(config_maps: &Api<ConfigMap>, name: &str) -> anyhow::Result<()> {
+    testenv::wait_for(
+        &format!("ConfigMap {name} to be created"),
+        TIMEOUT,
+        || async {
+            match config_maps
+                .create(&PostParams::default(), &config_map(name))
+                .await
+            {
+                Ok(_) => Ok(Some(())),
+                // An earlier try that failed on the way back.
+                Err(kube::Error::Api(s)) if s.code == 409 => Ok(Some(())),
+                Err(e) => Err(e),
+            }
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+fn config_map(name: &str) -> ConfigMap {
+    let mut cm = ConfigMap::default();
+    cm.metadata.name = Some(name.into());
+    cm
 }
 
 /// A Deployment of `replicas` memcached pods labelled `app=<name>`.
