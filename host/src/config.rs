@@ -94,3 +94,38 @@ pub const LEASE_DURATION_SECONDS: u64 = 15;
 /// How long before its Lease expires the leader renews it, in seconds
 /// (`--lease-renew-grace-seconds`): renewal after 10 s by default.
 pub const LEASE_RENEW_GRACE_SECONDS: u64 = 5;
+
+/// Longest wait for a TCP and TLS connection to the API server.
+pub const API_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Longest wait for the API server's answer (between reads of one response, counted from the
+/// request): a connection that stops answering fails the call after this, and the caller
+/// retries with backoff.
+pub const API_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Longest time sending one request may take.
+pub const API_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The server ends each watch after this many seconds and the host watches again from where
+/// it was; a watch silent 5 s longer than this is taken for dead and re-established. It is
+/// below [`API_READ_TIMEOUT`], which would otherwise cut a quiet watch first.
+pub const WATCH_TIMEOUT_SECONDS: u32 = 25;
+
+/// A leader that lost its Lease waits this long for its reconciles in flight, then exits
+/// anyway (their writes are already refused by the fence).
+pub const LOST_LEASE_GRACE: Duration = Duration::from_secs(5);
+
+/// `/healthz` fails once the plugin registry's loop has not turned for this long.
+pub const REGISTRY_STALL: Duration = Duration::from_secs(60);
+
+/// `/healthz` fails once a watch has failed without a success for this long.
+pub const WATCH_STALL: Duration = Duration::from_secs(120);
+
+/// After the shutdown signal the host waits this long for its reconciles in flight (and the
+/// Lease's release), then exits anyway: well inside a pod's default 30 s grace period.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
+
+/// How long a controller being stopped (a swap that changes kinds, a deleted ConfigMap, a
+/// CRD gone) may take to finish its reconciles in flight before it is aborted, so that the
+/// plugin registry's loop never waits longer on it.
+pub const CONTROLLER_STOP_GRACE: Duration = Duration::from_secs(30);

@@ -23,7 +23,6 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Context;
 use kube::Client;
@@ -32,10 +31,12 @@ use kube_lease_manager::LeaseManagerBuilder;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::client::Fence;
 use crate::config;
 use crate::controller::{self, Supervisor};
 use crate::plugin::{Loader, Registry, Status};
 use crate::sandbox::{Limits, Sandbox, SandboxConfig};
+use crate::telemetry::health::Health;
 use crate::telemetry::server;
 
 /// Everything a [`Host`] is started with. `Default` holds the defaults of [`crate::config`].
@@ -109,7 +110,10 @@ fn default_identity() -> String {
 
 /// A host, wired and listening, not yet reconciling.
 pub struct Host {
+    // Unfenced: for the lease manager only.
     client: Client,
+    fence: Fence,
+    health: Health,
     config: HostConfig,
     registry: Registry,
     probes: TcpListener,
@@ -119,33 +123,47 @@ pub struct Host {
 
 impl Host {
     /// Starts the sandbox and binds the HTTP endpoints. Nothing is read from the cluster yet.
+    ///
+    /// Every request goes through `client` (give it timeouts: [`crate::client::connect`]);
+    /// with leader election, every write also passes the leader's [`Fence`].
     pub async fn new(client: Client, config: HostConfig) -> anyhow::Result<Host> {
         let sandbox = Sandbox::new(config.sandbox.clone()).context("starting the sandbox")?;
+        let fence = match &config.leader_election {
+            Some(election) => Fence::new(
+                &election.lease_name,
+                std::time::Duration::from_secs(election.duration_seconds),
+            ),
+            None => Fence::unfenced(),
+        };
+        let health = Health::default();
+        let guarded = fence.guard(&client);
         let reporter = Reporter {
             controller: "wasmop".into(),
             instance: Some(config.identity.clone()),
         };
         let loader = Loader::new(
-            client.clone(),
+            guarded.clone(),
             config.namespace.clone(),
             sandbox,
             config.watch_namespace.clone(),
             config.controller.resync,
         );
         let supervisor = Supervisor::new(
-            client.clone(),
+            guarded.clone(),
             &config.namespace,
             config.watch_namespace.clone(),
             reporter.clone(),
             config.controller.clone(),
+            health.clone(),
         );
         let registry = Registry::new(
-            client.clone(),
+            guarded,
             config.namespace.clone(),
             config.limits,
             loader,
             Box::new(supervisor),
             reporter,
+            health.clone(),
         );
         let probes = bind(config.probe_addr).await?;
         let metrics = if config.metrics_addr == config.probe_addr {
@@ -155,6 +173,8 @@ impl Host {
         };
         Ok(Host {
             client,
+            fence,
+            health,
             config,
             registry,
             probes,
@@ -194,6 +214,8 @@ impl Host {
     ) -> anyhow::Result<()> {
         let Host {
             client,
+            fence,
+            health,
             config,
             registry,
             probes,
@@ -201,8 +223,9 @@ impl Host {
         } = self;
         tracing::info!(version = env!("CARGO_PKG_VERSION"), namespace = %config.namespace, "wasmop host starting");
         let (ready_tx, ready_rx) = watch::channel(false);
-        let server = tokio::spawn(server::serve(probes, metrics, ready_rx));
+        let server = tokio::spawn(server::serve(probes, metrics, ready_rx, health));
         let (stop_tx, stop_rx) = watch::channel(false);
+        let overdue_rx = stop_rx.clone();
         tokio::spawn(async move {
             shutdown.await;
             stop_tx.send_replace(true);
@@ -215,13 +238,28 @@ impl Host {
                     Ok(())
                 }
                 Some(election) => {
-                    lead(client, &config, election, registry, ready_tx, stop_rx).await
+                    let leader = Leader {
+                        client,
+                        fence,
+                        config: &config,
+                        election,
+                    };
+                    leader.lead(registry, ready_tx, stop_rx).await
                 }
             }
+        };
+        // Calls stuck on a dead connection must not hold up a SIGTERM past the pod's grace.
+        let overdue = async {
+            stopped(overdue_rx).await;
+            tokio::time::sleep(config::SHUTDOWN_GRACE).await;
         };
         tokio::select! {
             result = reconcile => result?,
             served = server => served.context("HTTP server task")?.context("serving probes and metrics")?,
+            _ = overdue => tracing::warn!(
+                "still stopping {}s after the shutdown signal; exiting without the reconciles in flight",
+                config::SHUTDOWN_GRACE.as_secs()
+            ),
         }
         tracing::info!("wasmop host stopped");
         Ok(())
@@ -239,59 +277,112 @@ async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
         .with_context(|| format!("listening on {addr}"))
 }
 
-/// Waits for the Lease, then runs the registry while holding it. A leader that loses its
-/// Lease returns an error, so that only one host reconciles.
-async fn lead(
+/// What leading takes: the Lease's client (unfenced, observed by the fence) and settings.
+struct Leader<'a> {
     client: Client,
-    config: &HostConfig,
-    election: &LeaderElection,
-    registry: Registry,
-    ready_tx: watch::Sender<bool>,
-    stop: watch::Receiver<bool>,
-) -> anyhow::Result<()> {
-    let lease = LeaseManagerBuilder::new(client, &election.lease_name)
-        .with_namespace(&config.namespace)
-        .with_identity(&config.identity)
-        .with_duration(election.duration_seconds)
-        .with_grace(election.renew_grace_seconds)
-        .build()
-        .await
-        .context("setting up leader election")?;
-    // A standby is ready: it can take over at once.
-    ready_tx.send_replace(true);
-    tracing::info!(lease = %election.lease_name, identity = %config.identity, "waiting to become the leader");
-    let mut stopped_waiting = std::pin::pin!(stopped(stop.clone()));
-    loop {
-        tokio::select! {
-            held = lease.changed() => if held.context("acquiring the leader Lease")? { break },
-            _ = &mut stopped_waiting => return Ok(()),
+    fence: Fence,
+    config: &'a HostConfig,
+    election: &'a LeaderElection,
+}
+
+impl Leader<'_> {
+    /// Waits for the Lease, then runs the registry while holding it. A leader that loses its
+    /// Lease, or whose last renewal is too old, stops at once: the fence refuses its writes
+    /// from that moment, no reconcile starts, and after [`config::LOST_LEASE_GRACE`] for those
+    /// in flight it returns an error, so that only one host reconciles.
+    async fn lead(
+        self,
+        registry: Registry,
+        ready_tx: watch::Sender<bool>,
+        stop: watch::Receiver<bool>,
+    ) -> anyhow::Result<()> {
+        let Leader {
+            client,
+            fence,
+            config,
+            election,
+        } = self;
+        let lease = LeaseManagerBuilder::new(fence.observe(&client), &election.lease_name)
+            .with_namespace(&config.namespace)
+            .with_identity(&config.identity)
+            .with_duration(election.duration_seconds)
+            .with_grace(election.renew_grace_seconds)
+            .build()
+            .await
+            .context("setting up leader election")?;
+        // A standby is ready: it can take over at once.
+        ready_tx.send_replace(true);
+        tracing::info!(lease = %election.lease_name, identity = %config.identity, "waiting to become the leader");
+        let mut stopped_waiting = std::pin::pin!(stopped(stop.clone()));
+        loop {
+            tokio::select! {
+                held = lease.changed() => if held.context("acquiring the leader Lease")? { break },
+                _ = &mut stopped_waiting => return Ok(()),
+            }
         }
-    }
-    tracing::info!(lease = %election.lease_name, identity = %config.identity, "became the leader; reconciling");
-    forward_readiness(registry.ready(), ready_tx);
-    let lost = AtomicBool::new(false);
-    let until = async {
+        fence.lead();
+        tracing::info!(lease = %election.lease_name, identity = %config.identity, "became the leader; reconciling");
+        forward_readiness(registry.ready(), ready_tx);
+        let lost = tokio::sync::Notify::new();
+        let why = std::sync::Mutex::new(String::new());
+        let until = async {
+            tokio::select! {
+                _ = stopped(stop) => {},
+                reason = held(&lease, &fence) => {
+                    *why.lock().expect("reason lock") = reason;
+                    fence.lose();
+                    lost.notify_one();
+                },
+            }
+        };
+        let grace = async {
+            lost.notified().await;
+            tokio::time::sleep(config::LOST_LEASE_GRACE).await;
+        };
         tokio::select! {
-            _ = stopped(stop) => {},
-            _ = async {
-                while let Ok(true) = lease.changed().await {}
-                lost.store(true, Ordering::SeqCst);
-            } => {},
+            _ = registry.run(until) => {},
+            _ = grace => tracing::warn!("reconciles still in flight {}s after the Lease was lost; exiting without them", config::LOST_LEASE_GRACE.as_secs()),
+        }
+        let why = why.into_inner().expect("reason lock");
+        if !why.is_empty() {
+            anyhow::bail!(
+                "lost the leader Lease {}: {why}; exiting so that only one host reconciles",
+                election.lease_name
+            );
+        }
+        lease
+            .release()
+            .await
+            .context("releasing the leader Lease")?;
+        tracing::info!("released the leader Lease");
+        Ok(())
+    }
+}
+
+/// Resolves, saying why, once the Lease is no longer held: another holder took it, renewing
+/// it failed, or the fence's deadline passed before a renewal succeeded.
+async fn held(lease: &kube_lease_manager::LeaseManager, fence: &Fence) -> String {
+    let changes = async {
+        loop {
+            match lease.changed().await {
+                Ok(true) => continue,
+                Ok(false) => return "another host holds it now".to_string(),
+                Err(e) => return format!("renewing it failed: {e}"),
+            }
         }
     };
-    registry.run(until).await;
-    if lost.load(Ordering::SeqCst) {
-        anyhow::bail!(
-            "lost the leader Lease {}; exiting so that only one host reconciles",
-            election.lease_name
-        );
+    let expiry = async {
+        loop {
+            match fence.deadline() {
+                Some(at) if at > tokio::time::Instant::now() => tokio::time::sleep_until(at).await,
+                _ => return "its last renewal is older than the Lease's duration".to_string(),
+            }
+        }
+    };
+    tokio::select! {
+        why = changes => why,
+        why = expiry => why,
     }
-    lease
-        .release()
-        .await
-        .context("releasing the leader Lease")?;
-    tracing::info!("released the leader Lease");
-    Ok(())
 }
 
 fn forward_readiness(mut from: watch::Receiver<bool>, to: watch::Sender<bool>) {

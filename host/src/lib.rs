@@ -6,13 +6,14 @@
 //! [`controller`] (shared watches → queue → gather inputs) → [`sandbox`] (call) →
 //! [`validate`] → [`apply`] (server-side apply → prune) → [`status`].
 //!
-//! Shared below every stage: [`config`] (every default), [`kinds`], [`watch`], [`telemetry`],
-//! [`text`]. Start a host with [`Host::new`] and [`Host::run`]; `docs/architecture.md` has
+//! Shared below every stage: [`config`] (every default), [`client`] (timeouts and the
+//! leader's write fence), [`kinds`], [`watch`], [`telemetry`], [`text`]. Start a host with [`Host::new`] and [`Host::run`]; `docs/architecture.md` has
 //! the module map. The binary `wasmop` is a thin shell over this library; see [`cli`] for its
 //! commands.
 
 pub mod apply;
 pub mod cli;
+pub mod client;
 pub mod cmd;
 pub mod config;
 pub mod controller;

@@ -22,8 +22,24 @@ pub fn api_error(e: &kube::Error) -> String {
         kube::Error::Api(status) if !status.message.is_empty() => {
             format!("{} ({})", status.message, status.code)
         }
-        e => e.to_string(),
+        e => chain(e),
     }
+}
+
+/// `error` and every cause below it, `: `-separated, each said once: a connection error's
+/// top level (`client error (Connect)`) rarely says that it timed out; its cause does.
+pub fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(e) = cause {
+        let next = e.to_string();
+        if !text.contains(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
+        cause = e.source();
+    }
+    text
 }
 
 /// Whether the API server refused the request for lack of rights.
@@ -44,7 +60,23 @@ pub fn hex(bytes: &[u8]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{hex, truncate};
+    use super::{chain, hex, truncate};
+
+    #[test]
+    fn a_chain_names_every_cause_once() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("client error (Connect)")]
+        struct Connect(#[source] std::io::Error);
+        #[derive(Debug, thiserror::Error)]
+        #[error("ServiceError: {0}")]
+        struct Service(#[source] Connect);
+        let timed_out = std::io::Error::new(std::io::ErrorKind::TimedOut, "deadline has elapsed");
+        let e = Service(Connect(timed_out));
+        assert_eq!(
+            chain(&e),
+            "ServiceError: client error (Connect): deadline has elapsed"
+        );
+    }
 
     #[test]
     fn hex_is_lower_case() {

@@ -8,7 +8,6 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use kube::Client;
 use tracing_subscriber::EnvFilter;
 
 use crate::cli::{LogFormat, RunArgs};
@@ -26,9 +25,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(async {
-        let client = Client::try_default()
-            .await
-            .context("connecting to the cluster (KUBECONFIG or in-cluster config)")?;
+        let client = crate::client::connect().await?;
         let host = Host::new(client, host_config(args)).await?;
         host.run(shutdown_signal()).await
     })

@@ -51,6 +51,9 @@ pub enum ReconcileError {
         #[source]
         source: kube::Error,
     },
+    /// The reconcile's task panicked: a bug of the host, retried with backoff.
+    #[error("the reconcile panicked: {0}")]
+    Panicked(String),
 }
 
 fn join(errors: &[impl ToString]) -> String {
@@ -76,6 +79,7 @@ impl ReconcileError {
             Self::ChildConflict(_) => "ChildConflict",
             Self::Status(_) => "StatusWriteFailed",
             Self::Finalizer { .. } => "FinalizerUpdateFailed",
+            Self::Panicked(_) => "InternalError",
         }
     }
 
@@ -118,9 +122,11 @@ impl ReconcileError {
             // Only a change of the object can help.
             Self::Undecodable(_) | Self::InvalidSelector(_) | Self::InvalidOutput(_) => true,
             // The cluster's state, not the plugin's: the holder may go away.
-            Self::Apply(_) | Self::ChildConflict(_) | Self::Status(_) | Self::Finalizer { .. } => {
-                false
-            }
+            Self::Apply(_)
+            | Self::ChildConflict(_)
+            | Self::Status(_)
+            | Self::Finalizer { .. }
+            | Self::Panicked(_) => false,
         }
     }
 }

@@ -14,6 +14,7 @@ pub mod release;
 pub mod supervisor;
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -76,8 +77,10 @@ pub struct ControllerHandle {
     commands: mpsc::UnboundedSender<Command>,
     task: tokio::task::JoinHandle<()>,
     kinds: Kinds,
-    manifest: Manifest,
+    loaded: Loaded,
     synced: watch::Receiver<bool>,
+    // Per watched kind, `apiVersion Kind` and whether the API server stopped serving it.
+    missing: Vec<(String, Arc<AtomicBool>)>,
 }
 
 impl ControllerHandle {
@@ -93,25 +96,62 @@ impl ControllerHandle {
 
     /// The manifest of the version it runs.
     pub fn manifest(&self) -> &Manifest {
-        &self.manifest
+        self.loaded.plugin.manifest()
+    }
+
+    /// The version it runs.
+    pub fn loaded(&self) -> &Loaded {
+        &self.loaded
+    }
+
+    /// The kinds it watches that the API server no longer serves (a CRD deleted), as
+    /// `apiVersion Kind`.
+    pub fn missing_kinds(&self) -> Vec<String> {
+        self.missing
+            .iter()
+            .filter(|(_, gone)| gone.load(Ordering::Relaxed))
+            .map(|(kind, _)| kind.clone())
+            .collect()
+    }
+
+    /// Whether its task has ended without being stopped: it panicked.
+    pub fn has_died(&self) -> bool {
+        self.task.is_finished()
     }
 
     /// Replaces the plugin version; every parent is reconciled again with the new one. A
     /// finalizer the new version no longer puts on parents is released from them.
     pub fn swap(&mut self, loaded: Loaded) {
-        self.manifest = loaded.plugin.manifest().clone();
+        self.loaded = loaded.clone();
         let _ = self.commands.send(Command::Swap(Box::new(loaded)));
     }
 
     /// Stops taking work, waits for reconciles in flight, and drops the watches. With
     /// `release`, the plugin's finalizer is first taken off every parent: nothing would
     /// remove it any more.
+    ///
+    /// A controller not done after [`config::CONTROLLER_STOP_GRACE`] (calls stuck on a dead
+    /// connection) is aborted: its parents are reconciled again by whoever runs next.
     pub async fn stop(self, release: bool) {
         let (ack, rx) = oneshot::channel();
-        if self.commands.send(Command::Stop { release, ack }).is_ok() {
-            let _ = rx.await;
+        let mut task = self.task;
+        let stopping = async {
+            if self.commands.send(Command::Stop { release, ack }).is_ok() {
+                let _ = rx.await;
+            }
+            let _ = (&mut task).await;
+        };
+        if tokio::time::timeout(config::CONTROLLER_STOP_GRACE, stopping)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                plugin = %self.loaded.plugin.manifest().name,
+                "the controller did not stop within {}s; aborted it",
+                config::CONTROLLER_STOP_GRACE.as_secs()
+            );
+            task.abort();
         }
-        let _ = self.task.await;
     }
 }
 
@@ -199,25 +239,33 @@ pub fn spawn(
         selectors: Mutex::default(),
     });
     let (tx, rx) = mpsc::unbounded_channel();
-    let manifest = loaded.plugin.manifest().clone();
-    let name = manifest.name.clone();
+    let name = loaded.plugin.manifest().name.clone();
     let runner = Runner {
         shared,
-        loaded,
+        loaded: loaded.clone(),
         config,
         queue: Queue::default(),
         running: JoinSet::new(),
+        tasks: HashMap::new(),
         parents: HashMap::new(),
     };
     let (synced_tx, synced) = watch::channel(false);
+    let missing = subs
+        .iter()
+        .map(|(_, sub)| {
+            let r = sub.resource();
+            (format!("{} {}", r.api_version, r.kind), sub.missing())
+        })
+        .collect();
     let span = tracing::info_span!("controller", plugin = %name);
     let task = tokio::spawn(runner.run(subs, rx, synced_tx).instrument(span));
     ControllerHandle {
         commands: tx,
         task,
         kinds,
-        manifest,
+        loaded,
         synced,
+        missing,
     }
 }
 
@@ -227,6 +275,8 @@ struct Runner {
     config: Config,
     queue: Queue,
     running: JoinSet<(ObjKey, Result<reconcile::Outcome, error::Error>)>,
+    // Which parent each running task reconciles, for a task that panics.
+    tasks: HashMap<tokio::task::Id, ObjKey>,
     parents: HashMap<ObjKey, ParentState>,
 }
 
@@ -405,10 +455,22 @@ impl Runner {
                     Some(Command::Stop { release, ack }) => stop = Some((release, ack)),
                     None => break,
                 },
-                Some(done) = self.running.join_next(), if !self.running.is_empty() => {
+                Some(done) = self.running.join_next_with_id(), if !self.running.is_empty() => {
                     match done {
-                        Ok((key, result)) => self.on_done(key, result),
-                        Err(e) => tracing::error!(error = %e, "reconcile task panicked"),
+                        Ok((id, (key, result))) => {
+                            self.tasks.remove(&id);
+                            self.on_done(key, result);
+                        }
+                        // The parent must not stay in flight for good: it is retried.
+                        Err(e) => match self.tasks.remove(&e.id()) {
+                            Some(key) => {
+                                tracing::error!(parent = %key.1, error = %e, "reconcile task panicked; retrying with backoff");
+                                let error = error::ReconcileError::Panicked(e.to_string());
+                                let failed = error::Error { parent: key.clone(), error: Box::new(error) };
+                                self.on_done(key, Err(failed));
+                            }
+                            None => tracing::error!(error = %e, "reconcile task panicked"),
+                        },
                     }
                 },
                 // With every slot busy a due entry waits for `join_next`; arming the timer
@@ -448,10 +510,12 @@ impl Runner {
             let may_defer = !state.status_deferred;
             let shared = self.shared.clone();
             let loaded = self.loaded.clone();
-            self.running.spawn(async move {
+            let parent = key.clone();
+            let task = self.running.spawn(async move {
                 let result = reconcile::run(&shared, &loaded, &key, &reason, may_defer).await;
                 (key, result)
             });
+            self.tasks.insert(task.id(), parent);
         }
     }
 

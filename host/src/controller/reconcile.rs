@@ -451,7 +451,7 @@ async fn record_failure(
         .api(&shared.writer, parent.metadata.namespace.as_deref());
     let field_manager = loaded.plugin.manifest().field_manager();
     if let Err(e) = status::write(&api, parent, desired, &field_manager).await {
-        tracing::warn!(error = %e, "could not record the failure in the parent's status");
+        tracing::warn!(error = %crate::text::chain(&e), "could not record the failure in the parent's status");
     }
     error
 }

@@ -15,6 +15,7 @@ use super::{Config, ControllerHandle, release, spawn};
 use crate::kinds::{Kinds, ResolvedKind, resolve_one};
 use crate::plugin::access;
 use crate::plugin::{Activation, Loaded, Supervise};
+use crate::telemetry::health::Health;
 use crate::watch::Hub;
 
 /// The controllers of one host, by plugin ConfigMap.
@@ -31,17 +32,19 @@ pub struct Supervisor {
 }
 
 impl Supervisor {
-    /// Controllers over shared watches (in `watch_namespace` only, when set).
+    /// Controllers over shared watches (in `watch_namespace` only, when set), whose failures
+    /// are reported to `health`.
     pub fn new(
         client: Client,
         namespace: &str,
         watch_namespace: Option<String>,
         reporter: Reporter,
         config: Config,
+        health: Health,
     ) -> Self {
         Supervisor {
             ledger: Ledger::new(client.clone(), namespace),
-            hub: Hub::new(client.clone(), watch_namespace.clone()),
+            hub: Hub::new(client.clone(), watch_namespace.clone(), health),
             client,
             watch_namespace,
             reporter,
@@ -155,6 +158,30 @@ impl Supervise for Supervisor {
             self.ledger.write(configmap, None).await;
         }
         .boxed()
+    }
+
+    fn vanished(&self) -> Vec<(String, Vec<String>)> {
+        self.running
+            .iter()
+            .map(|(cm, h)| (cm.clone(), h.missing_kinds()))
+            .filter(|(_, kinds)| !kinds.is_empty())
+            .collect()
+    }
+
+    fn revive(&mut self) -> Vec<String> {
+        let dead: Vec<String> = self
+            .running
+            .iter()
+            .filter(|(_, h)| h.has_died())
+            .map(|(cm, _)| cm.clone())
+            .collect();
+        for configmap in &dead {
+            let handle = self.running.remove(configmap).expect("listed above");
+            let (kinds, loaded) = (handle.kinds().clone(), handle.loaded().clone());
+            let fresh = self.spawn(kinds, loaded);
+            self.running.insert(configmap.clone(), fresh);
+        }
+        dead
     }
 
     fn is_synced(&self, configmap: &str) -> bool {

@@ -31,9 +31,11 @@ use wasmop_contract::Manifest;
 use super::load::{LoadError, Loaded, Loader};
 use super::notice::Notice;
 use super::source::{self, PLUGIN_LABEL, PluginSource};
+use crate::config;
 use crate::kinds::Kinds;
 use crate::sandbox::Limits;
 use crate::telemetry::events::Events;
+use crate::telemetry::health::Health;
 use crate::telemetry::metrics;
 use crate::telemetry::metrics::{ConfigMapLabels, InfoLabels, LoadLabels};
 
@@ -83,27 +85,40 @@ pub trait Supervise: Send {
     /// Stops what runs for `configmap` for good (its ConfigMap is gone): its finalizer is
     /// released from every parent first, since nothing would remove it any more.
     fn retire<'a>(&'a mut self, configmap: &'a str) -> BoxFuture<'a, ()>;
+    /// The plugins some of whose kinds the API server stopped serving (a CRD deleted), with
+    /// those kinds.
+    fn vanished(&self) -> Vec<(String, Vec<String>)>;
+    /// Restarts every controller whose task died (a panic); returns their ConfigMaps.
+    fn revive(&mut self) -> Vec<String>;
     /// Whether the caches of what runs for `configmap` are synced (`true` if nothing runs).
     fn is_synced(&self, configmap: &str) -> bool;
 }
 
 struct Slot {
     configmap: ConfigMap,
-    // The newest source seen; load results for older ones are dropped.
+    // The newest source seen.
     latest: Option<PluginSource>,
+    // Counts the sources seen: a load result, or a retry timer, of an older one is dropped,
+    // even when only its settings differ from the newest.
+    seq: u64,
     // State of the newest version.
     state: State,
     // The version that runs, if any.
     running: Option<Loaded>,
+    // Its controller was stopped because its kinds are no longer served.
+    paused: bool,
 }
 
 enum Msg {
     Loaded {
         configmap: String,
-        digest: String,
+        seq: u64,
         result: Box<Result<(Loaded, Kinds), LoadError>>,
     },
-    Retry(String),
+    Retry {
+        configmap: String,
+        seq: u64,
+    },
 }
 
 /// Follows the plugin ConfigMaps of one namespace.
@@ -122,11 +137,13 @@ pub struct Registry {
     ready: tokio::sync::watch::Sender<bool>,
     // The first list of plugin ConfigMaps has been seen.
     listed: bool,
+    health: Health,
 }
 
 impl Registry {
     /// A registry for the plugin ConfigMaps in `namespace`, loading with `loader` (limits
-    /// `defaults` where a ConfigMap sets none) and running through `supervisor`.
+    /// `defaults` where a ConfigMap sets none) and running through `supervisor`; its loop
+    /// reports to `health` that it turns.
     pub fn new(
         client: Client,
         namespace: String,
@@ -134,6 +151,7 @@ impl Registry {
         loader: Loader,
         supervisor: Box<dyn Supervise>,
         reporter: Reporter,
+        health: Health,
     ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         Registry {
@@ -149,6 +167,7 @@ impl Registry {
             status: tokio::sync::watch::channel(Vec::new()).0,
             ready: tokio::sync::watch::channel(false).0,
             listed: false,
+            health,
         }
     }
 
@@ -166,40 +185,60 @@ impl Registry {
     /// Runs until `shutdown` resolves, then stops every controller gracefully.
     pub async fn run(mut self, shutdown: impl std::future::Future<Output = ()>) {
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
-        let config = watcher::Config::default().labels(PLUGIN_LABEL);
+        let config = watcher::Config::default()
+            .labels(PLUGIN_LABEL)
+            .timeout(crate::config::WATCH_TIMEOUT_SECONDS);
         let mut events = std::pin::pin!(watcher(api, config).default_backoff());
         let mut shutdown = std::pin::pin!(shutdown);
         let mut relisted: Option<Vec<String>> = None;
+        let watch_name = format!("plugin ConfigMaps in {}", self.namespace);
         // Controllers sync on their own time: look again now and then.
         let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
         tracing::info!(namespace = %self.namespace, "watching plugin ConfigMaps labelled {PLUGIN_LABEL}");
         loop {
             tokio::select! {
                 _ = &mut shutdown => break,
-                _ = tick.tick() => {},
+                _ = tick.tick() => {
+                    self.health.beat();
+                    for configmap in self.supervisor.revive() {
+                        tracing::error!(configmap, "the plugin's controller died (a panic); restarted it");
+                    }
+                    for (configmap, kinds) in self.supervisor.vanished() {
+                        self.pause(&configmap, &kinds).await;
+                    }
+                },
                 Some(msg) = self.rx.recv() => self.on_msg(msg).await,
-                ev = events.next() => match ev {
-                    Some(Ok(watcher::Event::Init)) => relisted = Some(Vec::new()),
-                    Some(Ok(watcher::Event::InitApply(cm))) => {
-                        if let Some(seen) = relisted.as_mut() {
-                            seen.push(cm.metadata.name.clone().unwrap_or_default());
+                ev = events.next() => {
+                    if let Some(Ok(_)) = &ev {
+                        self.health.watch_ok(&watch_name);
+                    }
+                    match ev {
+                        Some(Err(e)) => {
+                            let error = crate::text::chain(&e);
+                            tracing::warn!(error, "plugin ConfigMap watch failed; retrying");
+                            self.health.watch_failed(&watch_name, &error);
                         }
-                        self.on_apply(cm);
-                    }
-                    Some(Ok(watcher::Event::InitDone)) => {
-                        let seen = relisted.take().unwrap_or_default();
-                        let gone: Vec<String> = self.slots.keys().filter(|k| !seen.contains(k)).cloned().collect();
-                        for name in gone {
-                            self.on_delete(&name).await;
+                        Some(Ok(watcher::Event::Init)) => relisted = Some(Vec::new()),
+                        Some(Ok(watcher::Event::InitApply(cm))) => {
+                            if let Some(seen) = relisted.as_mut() {
+                                seen.push(cm.metadata.name.clone().unwrap_or_default());
+                            }
+                            self.on_apply(cm);
                         }
-                        self.listed = true;
+                        Some(Ok(watcher::Event::InitDone)) => {
+                            let seen = relisted.take().unwrap_or_default();
+                            let gone: Vec<String> = self.slots.keys().filter(|k| !seen.contains(k)).cloned().collect();
+                            for name in gone {
+                                self.on_delete(&name).await;
+                            }
+                            self.listed = true;
+                        }
+                        Some(Ok(watcher::Event::Apply(cm))) => self.on_apply(cm),
+                        Some(Ok(watcher::Event::Delete(cm))) => {
+                            self.on_delete(cm.metadata.name.as_deref().unwrap_or_default()).await
+                        }
+                        None => break,
                     }
-                    Some(Ok(watcher::Event::Apply(cm))) => self.on_apply(cm),
-                    Some(Ok(watcher::Event::Delete(cm))) => {
-                        self.on_delete(cm.metadata.name.as_deref().unwrap_or_default()).await
-                    }
-                    Some(Err(e)) => tracing::warn!(error = %e, "plugin ConfigMap watch failed; retrying"),
-                    None => break,
                 },
             }
             self.publish_status();
@@ -217,8 +256,10 @@ impl Registry {
         let slot = self.slots.entry(name.clone()).or_insert_with(|| Slot {
             configmap: cm.clone(),
             latest: None,
+            seq: 0,
             state: State::Loading,
             running: None,
+            paused: false,
         });
         slot.configmap = cm;
         let source = match source {
@@ -239,18 +280,19 @@ impl Registry {
         tracing::info!(configmap = %name, digest = %source.digest, bytes = source.wasm.len(), "loading plugin");
         slot.state = State::Loading;
         slot.latest = Some(source.clone());
-        self.start_load(name, source);
+        slot.seq += 1;
+        let seq = slot.seq;
+        self.start_load(name, source, seq);
     }
 
-    fn start_load(&self, configmap: String, source: PluginSource) {
+    fn start_load(&self, configmap: String, source: PluginSource, seq: u64) {
         let loader = self.loader.clone();
         let tx = self.tx.clone();
         tokio::spawn(async move {
-            let digest = source.digest.clone();
             let result = loader.load(source).await;
             let _ = tx.send(Msg::Loaded {
                 configmap,
-                digest,
+                seq,
                 result: Box::new(result),
             });
         });
@@ -258,21 +300,22 @@ impl Registry {
 
     async fn on_msg(&mut self, msg: Msg) {
         match msg {
-            Msg::Retry(name) => {
-                if let Some(source) = self.slots.get(&name).and_then(|s| s.latest.clone()) {
-                    self.start_load(name, source);
+            Msg::Retry { configmap, seq } => {
+                let current = self.slots.get(&configmap).filter(|s| s.seq == seq);
+                if let Some(source) = current.and_then(|s| s.latest.clone()) {
+                    self.start_load(configmap, source, seq);
                 }
             }
             Msg::Loaded {
                 configmap,
-                digest,
+                seq,
                 result,
             } => {
                 let Some(slot) = self.slots.get(&configmap) else {
                     return;
                 };
-                if slot.latest.as_ref().map(|s| &s.digest) != Some(&digest) {
-                    return; // superseded by a newer version
+                if slot.seq != seq {
+                    return; // superseded by a newer source, if only its settings
                 }
                 match *result {
                     Ok((loaded, kinds)) => self.activate(&configmap, loaded, kinds).await,
@@ -293,6 +336,7 @@ impl Registry {
                 // One Event per distinct wait, not one per retry.
                 let first = slot.state != State::Waiting(msg.clone());
                 slot.state = State::Waiting(msg.clone());
+                let seq = slot.seq;
                 if first {
                     tracing::warn!(configmap, "{msg}");
                     self.event(&cm, error.notice(), &msg);
@@ -301,7 +345,7 @@ impl Registry {
                 let configmap = configmap.to_string();
                 tokio::spawn(async move {
                     tokio::time::sleep(retry).await;
-                    let _ = tx.send(Msg::Retry(configmap));
+                    let _ = tx.send(Msg::Retry { configmap, seq });
                 });
             }
             None => {
@@ -334,11 +378,23 @@ impl Registry {
 
         let activation = self.supervisor.run(configmap, loaded.clone(), kinds).await;
         let slot = self.slots.get_mut(configmap).expect("slot exists");
-        let previous = slot.running.replace(loaded.clone());
+        let mut previous = slot.running.replace(loaded.clone());
         slot.state = State::Running;
+        let resumed = std::mem::take(&mut slot.paused)
+            && previous
+                .as_ref()
+                .is_some_and(|p| p.plugin.digest() == loaded.plugin.digest());
+        if resumed {
+            previous = None;
+        }
         let cm = slot.configmap.clone();
-        // Any replacement is `Swapped`, naming both versions; only a first load is `Loaded`.
+        // Any replacement is `Swapped`, naming both versions; only a first load (or a paused
+        // version resuming) is `Loaded`.
         let (notice, msg) = match (&previous, activation) {
+            (None, _) if resumed => (
+                Notice::Loaded,
+                format!("resumed {}: its kinds are served again", loaded.describe()),
+            ),
             (Some(old), Activation::Restarted) => (
                 Notice::Swapped,
                 format!(
@@ -378,6 +434,36 @@ impl Registry {
             tracing::warn!(configmap, "{msg}");
             self.event(&cm, Notice::Forbidden, &msg);
         }
+    }
+
+    /// Stops the controller of a plugin whose kinds are no longer served, and loads it again
+    /// (now and on [`config::KIND_RETRY`]) until they are: it then resumes by itself.
+    async fn pause(&mut self, configmap: &str, kinds: &[String]) {
+        self.supervisor.stop(configmap).await;
+        let Some(slot) = self.slots.get_mut(configmap) else {
+            return;
+        };
+        let msg = format!(
+            "{} {} no longer served (a CRD deleted?); its controller stopped until {} again",
+            kinds.join(", "),
+            if kinds.len() == 1 { "is" } else { "are" },
+            if kinds.len() == 1 {
+                "it is"
+            } else {
+                "they are"
+            },
+        );
+        tracing::warn!(configmap, "{msg}");
+        slot.state = State::Waiting(msg.clone());
+        slot.paused = true;
+        let (cm, seq) = (slot.configmap.clone(), slot.seq);
+        self.event(&cm, Notice::WaitingForKinds, &msg);
+        let tx = self.tx.clone();
+        let configmap = configmap.to_string();
+        tokio::spawn(async move {
+            tokio::time::sleep(config::KIND_RETRY).await;
+            let _ = tx.send(Msg::Retry { configmap, seq });
+        });
     }
 
     async fn on_delete(&mut self, configmap: &str) {

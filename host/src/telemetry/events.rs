@@ -97,7 +97,7 @@ impl Events {
                         Sink::Distinct(d) => d.create(&event, &reference).await,
                     };
                     if let Err(e) = written {
-                        tracing::warn!(error = %e, reason = %event.reason, "could not record an Event");
+                        tracing::warn!(error = %crate::text::chain(&e), reason = %event.reason, "could not record an Event");
                     }
                 }
                 .instrument(span)

@@ -84,6 +84,15 @@ pub struct InfoLabels {
     pub digest: String,
 }
 
+/// Labels of the write counter.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WriteLabels {
+    /// `sent` (answered), `failed` (no answer) or `refused` by the leader's write fence.
+    pub result: &'static str,
+    /// The resource written, with its subresource: `deployments`, `memcacheds/status`.
+    pub resource: String,
+}
+
 /// Every metric of the host.
 pub struct Metrics {
     registry: Registry,
@@ -103,6 +112,8 @@ pub struct Metrics {
     pub plugin_info: Family<InfoLabels, Gauge>,
     /// Parents waiting in each plugin's queue.
     pub workqueue_depth: Family<PluginLabels, Gauge>,
+    /// Writes to the API server, sent or refused by the fence.
+    pub api_writes: Family<WriteLabels, Counter>,
 }
 
 /// The process-wide metrics.
@@ -130,6 +141,7 @@ impl Metrics {
             plugin_swaps: Family::default(),
             plugin_info: Family::default(),
             workqueue_depth: Family::default(),
+            api_writes: Family::default(),
         };
         let r = &mut m.registry;
         r.register(
@@ -171,6 +183,11 @@ impl Metrics {
             "workqueue_depth",
             "Parents waiting to be reconciled",
             m.workqueue_depth.clone(),
+        );
+        r.register(
+            "api_writes",
+            "Writes to the API server: sent (answered), failed (no answer), or refused because the leader Lease is not held",
+            m.api_writes.clone(),
         );
         m
     }

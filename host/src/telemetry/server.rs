@@ -1,5 +1,6 @@
-//! The host's HTTP endpoints: `/healthz` (the process serves), `/readyz` (plugins loaded and
-//! caches synced, or standing by for leadership) and `/metrics` (Prometheus text format).
+//! The host's HTTP endpoints: `/healthz` (the host can make progress: see [`super::health`]),
+//! `/readyz` (plugins loaded and caches synced, or standing by for leadership) and `/metrics`
+//! (Prometheus text format).
 
 use anyhow::Context;
 use axum::Router;
@@ -9,15 +10,30 @@ use axum::routing::get;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use super::health::Health;
+
 /// Serves the probes on `probes`, and metrics on `metrics` (or, when that is `None`, on
-/// `probes` too) until the process exits. `ready` says whether `/readyz` answers 200.
+/// `probes` too) until the process exits. `ready` says whether `/readyz` answers 200, `health`
+/// whether `/healthz` does.
 pub async fn serve(
     probes: TcpListener,
     metrics: Option<TcpListener>,
     ready: watch::Receiver<bool>,
+    health: Health,
 ) -> anyhow::Result<()> {
     let probe_routes = Router::new()
-        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/healthz",
+            get(move || {
+                let checked = health.check();
+                async move {
+                    match checked {
+                        Ok(()) => (StatusCode::OK, "ok".to_string()),
+                        Err(problems) => (StatusCode::INTERNAL_SERVER_ERROR, problems),
+                    }
+                }
+            }),
+        )
         .route(
             "/readyz",
             get(move || {

@@ -12,6 +12,7 @@ pub mod cache;
 pub mod lenient;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use futures::StreamExt;
@@ -21,6 +22,8 @@ use kube::{Client, ResourceExt};
 use tokio::sync::{mpsc, watch};
 
 pub use cache::{Cache, ObjKey, controller_uid, key_of};
+
+use crate::telemetry::health::Health;
 pub use lenient::{Lenient, UNDECODABLE_ANNOTATION, undecodable};
 
 /// What changed in a watched resource type.
@@ -52,6 +55,20 @@ pub struct WatchKey {
     pub metadata_only: bool,
 }
 
+impl std::fmt::Display for WatchKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let r = &self.resource;
+        match &self.namespace {
+            Some(ns) => write!(f, "{} {} in {ns}", r.api_version, r.kind)?,
+            None => write!(f, "{} {}", r.api_version, r.kind)?,
+        }
+        if self.metadata_only {
+            f.write_str(" (metadata)")?;
+        }
+        Ok(())
+    }
+}
+
 /// Starts and shares watches.
 #[derive(Clone)]
 pub struct Hub {
@@ -59,6 +76,7 @@ pub struct Hub {
     // Watch namespaced kinds in this namespace only (`--watch-namespace`).
     namespace: Option<String>,
     watches: Arc<Mutex<HashMap<WatchKey, Weak<SharedWatch>>>>,
+    health: Health,
 }
 
 struct SharedWatch {
@@ -67,6 +85,9 @@ struct SharedWatch {
     subscribers: Mutex<Subscribers>,
     synced: watch::Receiver<bool>,
     task: tokio::task::AbortHandle,
+    health: Health,
+    // The API server no longer serves the resource (its CRD was deleted): its lists get 404.
+    missing: Arc<AtomicBool>,
 }
 
 #[derive(Default)]
@@ -78,6 +99,7 @@ struct Subscribers {
 impl Drop for SharedWatch {
     fn drop(&mut self) {
         self.task.abort();
+        self.health.watch_ok(&self.key.to_string());
         tracing::debug!(kind = %self.key.resource.kind, "watch stopped");
     }
 }
@@ -112,6 +134,12 @@ impl Subscription {
     pub fn is_synced(&self) -> bool {
         *self.watch.synced.borrow()
     }
+
+    /// A flag that is true while the API server answers this watch with 404 Not Found: its
+    /// resource type is no longer served.
+    pub fn missing(&self) -> Arc<AtomicBool> {
+        self.watch.missing.clone()
+    }
 }
 
 impl Drop for Subscription {
@@ -122,12 +150,14 @@ impl Drop for Subscription {
 }
 
 impl Hub {
-    /// A hub that watches through `client`, in every namespace or only in `namespace`.
-    pub fn new(client: Client, namespace: Option<String>) -> Self {
+    /// A hub that watches through `client`, in every namespace or only in `namespace`, and
+    /// reports failing watches to `health`.
+    pub fn new(client: Client, namespace: Option<String>, health: Health) -> Self {
         Hub {
             client,
             namespace,
             watches: Arc::default(),
+            health,
         }
     }
 
@@ -187,6 +217,7 @@ impl Hub {
     fn start(&self, key: WatchKey) -> Arc<SharedWatch> {
         let cache = Arc::new(Cache::default());
         let (synced_tx, synced_rx) = watch::channel(false);
+        let missing = Arc::new(AtomicBool::new(false));
         Arc::new_cyclic(|weak: &Weak<SharedWatch>| {
             let task = tokio::spawn(run_watch(
                 self.client.clone(),
@@ -194,6 +225,7 @@ impl Hub {
                 cache.clone(),
                 weak.clone(),
                 synced_tx,
+                (self.health.clone(), missing.clone()),
             ));
             SharedWatch {
                 key,
@@ -201,6 +233,8 @@ impl Hub {
                 subscribers: Mutex::default(),
                 synced: synced_rx,
                 task: task.abort_handle(),
+                health: self.health.clone(),
+                missing,
             }
         })
     }
@@ -240,10 +274,14 @@ async fn run_watch(
     cache: Arc<Cache>,
     me: Weak<SharedWatch>,
     synced: watch::Sender<bool>,
+    (health, missing): (Health, Arc<AtomicBool>),
 ) {
     let kind = key.resource.kind.clone();
+    let name = key.to_string();
     tracing::debug!(%kind, metadata_only = key.metadata_only, "watch started");
-    let config = watcher::Config::default().any_semantic();
+    let config = watcher::Config::default()
+        .any_semantic()
+        .timeout(crate::config::WATCH_TIMEOUT_SECONDS);
     let types = TypeMeta {
         api_version: key.resource.api_version.clone(),
         kind: key.resource.kind.clone(),
@@ -274,6 +312,16 @@ async fn run_watch(
     let mut events = std::pin::pin!(events);
     let mut relist: Vec<Arc<DynamicObject>> = Vec::new();
     while let Some(event) = events.next().await {
+        match &event {
+            Ok(_) => {
+                health.watch_ok(&name);
+                missing.store(false, Ordering::Relaxed);
+            }
+            Err(e) => {
+                health.watch_failed(&name, &crate::text::chain(e));
+                missing.store(is_not_found(e), Ordering::Relaxed);
+            }
+        }
         match event {
             Ok(watcher::Event::Init) => relist.clear(),
             Ok(watcher::Event::InitApply(obj)) => relist.push(strip(obj, &types)),
@@ -299,8 +347,20 @@ async fn run_watch(
                 let last = cache.delete(&key_of(&obj)).unwrap_or(obj);
                 broadcast(&me, [Change::Deleted(last)]);
             }
-            Err(err) => tracing::warn!(%kind, error = %err, "watch failed; retrying with backoff"),
+            Err(err) => {
+                tracing::warn!(%kind, error = %crate::text::chain(&err), "watch failed; retrying with backoff")
+            }
         }
+    }
+}
+
+/// A list or watch answered 404: the resource type is not served (any more).
+fn is_not_found(error: &watcher::Error) -> bool {
+    match error {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s)) => s.code == 404,
+        watcher::Error::WatchError(s) => s.code == 404,
+        _ => false,
     }
 }
 

@@ -1,0 +1,324 @@
+//! The host's API client: bounded timeouts on every call, and the leader's write fence.
+//!
+//! [`connect`] builds the client `wasmop run` uses: a connection that stops answering fails a
+//! call within [`config::API_READ_TIMEOUT`] (watches: [`config::WATCH_TIMEOUT_SECONDS`] plus
+//! kube's 5 s idle margin) and the caller retries with backoff, instead of waiting forever.
+//!
+//! A [`Fence`] stands between the host and the API server while leader election is on. Reads
+//! always pass; a write (any method but `GET`) passes only while this replica holds the Lease
+//! and the last successful renewal is younger than the Lease's duration less one second. The
+//! fence learns of renewals by watching the lease manager's own requests go by
+//! ([`Fence::observe`]), so a leader that was frozen (SIGSTOP, a long GC pause, a black-holed
+//! network) and wakes up after its Lease expired writes nothing through its backlog: the
+//! deadline has passed before any renewal could succeed.
+//!
+//! ```
+//! use std::time::Duration;
+//! use wasmop::client::Fence;
+//!
+//! let fence = Fence::new("wasmop-leader", Duration::from_secs(15));
+//! assert!(!fence.is_open(), "shut until the Lease is held");
+//! ```
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use http::Method;
+use kube::Client;
+use kube::client::Body;
+use tokio::time::Instant;
+
+use crate::config;
+use crate::telemetry::metrics::{self, WriteLabels};
+
+/// A client for the cluster of `KUBECONFIG` (or the pod's), with the host's timeouts.
+pub async fn connect() -> anyhow::Result<Client> {
+    let mut config = kube::Config::infer()
+        .await
+        .context("reading the cluster's configuration (KUBECONFIG or in-cluster)")?;
+    with_timeouts(&mut config);
+    Client::try_from(config).context("building the API client")
+}
+
+/// Sets the host's timeouts on `config`.
+pub fn with_timeouts(config: &mut kube::Config) {
+    config.connect_timeout = Some(config::API_CONNECT_TIMEOUT);
+    config.read_timeout = Some(config::API_READ_TIMEOUT);
+    config.write_timeout = Some(config::API_WRITE_TIMEOUT);
+    // The read timeout then counts from each request, not from when its pooled connection
+    // went idle.
+    config.reset_reader_on_write = true;
+}
+
+/// A write refused because this replica does not hold a valid Lease.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{method} {path} refused: this host does not hold the leader Lease {lease} (or its last renewal is too old)"
+)]
+pub struct Fenced {
+    /// The request's method.
+    pub method: Method,
+    /// The request's path.
+    pub path: String,
+    /// The Lease's name.
+    pub lease: String,
+}
+
+/// Lets writes through only while the Lease is held and fresh, and counts them (metric
+/// `wasmop_api_writes_total`). Cheap to clone.
+#[derive(Clone)]
+pub struct Fence {
+    inner: Arc<FenceState>,
+}
+
+struct FenceState {
+    lease: String,
+    // How long a renewal keeps the fence open, counted from when the renewal was sent.
+    valid_for: Duration,
+    // Open until this instant, in ms since `epoch`; 0 is shut.
+    until_ms: AtomicU64,
+    epoch: Instant,
+    // Armed once the Lease was acquired; never re-armed after it was lost.
+    state: Mutex<Phase>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    // No leader election: always open; the fence only counts.
+    Unfenced,
+    Waiting,
+    Leading,
+    Lost,
+}
+
+impl std::fmt::Debug for Fence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fence")
+            .field("lease", &self.inner.lease)
+            .field("open", &self.is_open())
+            .finish()
+    }
+}
+
+impl Fence {
+    /// A shut fence for Lease `lease`, whose renewals are valid for `duration` less 1 s.
+    pub fn new(lease: &str, duration: Duration) -> Fence {
+        Fence {
+            inner: Arc::new(FenceState {
+                lease: lease.to_string(),
+                valid_for: duration.saturating_sub(Duration::from_secs(1)),
+                until_ms: AtomicU64::new(0),
+                epoch: Instant::now(),
+                state: Mutex::new(Phase::Waiting),
+            }),
+        }
+    }
+
+    /// A fence that is always open (no leader election): it only counts writes.
+    pub fn unfenced() -> Fence {
+        let fence = Fence::new("", Duration::ZERO);
+        *fence.inner.state.lock().expect("fence lock") = Phase::Unfenced;
+        fence
+    }
+
+    /// Whether a write may pass now.
+    pub fn is_open(&self) -> bool {
+        match self.phase() {
+            Phase::Unfenced => true,
+            Phase::Leading => self.now_ms() < self.inner.until_ms.load(Ordering::SeqCst),
+            Phase::Waiting | Phase::Lost => false,
+        }
+    }
+
+    /// When the fence shuts unless a renewal succeeds first (`None` unless leading).
+    pub fn deadline(&self) -> Option<Instant> {
+        (self.phase() == Phase::Leading).then(|| {
+            self.inner.epoch + Duration::from_millis(self.inner.until_ms.load(Ordering::SeqCst))
+        })
+    }
+
+    /// The Lease was acquired: open the fence, for as long as the acquiring request (seen by
+    /// [`Fence::observe`]) allows.
+    pub fn lead(&self) {
+        let mut phase = self.inner.state.lock().expect("fence lock");
+        if *phase == Phase::Waiting {
+            *phase = Phase::Leading;
+        }
+    }
+
+    /// The Lease is lost: shut the fence for good.
+    pub fn lose(&self) {
+        *self.inner.state.lock().expect("fence lock") = Phase::Lost;
+        self.inner.until_ms.store(0, Ordering::SeqCst);
+    }
+
+    /// A renewal sent at `sent` succeeded.
+    fn renewed(&self, sent: Instant) {
+        let until = sent.saturating_duration_since(self.inner.epoch) + self.inner.valid_for;
+        self.inner
+            .until_ms
+            .fetch_max(until.as_millis() as u64, Ordering::SeqCst);
+    }
+
+    fn phase(&self) -> Phase {
+        *self.inner.state.lock().expect("fence lock")
+    }
+
+    fn now_ms(&self) -> u64 {
+        Instant::now()
+            .saturating_duration_since(self.inner.epoch)
+            .as_millis() as u64
+    }
+
+    /// `client`, with every write checked against the fence (and counted).
+    pub fn guard(&self, client: &Client) -> Client {
+        let fence = self.clone();
+        let inner = client.clone();
+        let guarded = tower::service_fn(move |request: http::Request<Body>| {
+            let (fence, inner) = (fence.clone(), inner.clone());
+            async move {
+                if !is_write(&request) {
+                    return inner.send(request).await.map_err(BoxError::from);
+                }
+                let resource = resource_of(request.uri().path());
+                if !fence.is_open() {
+                    count_write("refused", resource);
+                    let refused = Fenced {
+                        method: request.method().clone(),
+                        path: request.uri().path().to_string(),
+                        lease: fence.inner.lease.clone(),
+                    };
+                    tracing::debug!("{refused}");
+                    return Err(BoxError::from(refused));
+                }
+                let response = inner.send(request).await;
+                count_write(if response.is_ok() { "sent" } else { "failed" }, resource);
+                response.map_err(BoxError::from)
+            }
+        });
+        Client::new(guarded, client.default_namespace())
+    }
+
+    /// `client`, for the lease manager: each successful write to the Lease, while leading,
+    /// extends the fence from the moment it was sent.
+    pub fn observe(&self, client: &Client) -> Client {
+        let fence = self.clone();
+        let inner = client.clone();
+        let suffix = format!("/leases/{}", self.inner.lease);
+        let observed = tower::service_fn(move |request: http::Request<Body>| {
+            let (fence, inner) = (fence.clone(), inner.clone());
+            let renewal = is_write(&request) && request.uri().path().ends_with(&suffix);
+            async move {
+                let sent = Instant::now();
+                let response = inner.send(request).await?;
+                if renewal && response.status().is_success() {
+                    fence.renewed(sent);
+                }
+                Ok::<_, kube::Error>(response)
+            }
+        });
+        Client::new(observed, client.default_namespace())
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Anything but a read. Access reviews are `POST`s that change nothing: they pass and are
+/// not counted.
+fn is_write(request: &http::Request<Body>) -> bool {
+    let read = matches!(
+        *request.method(),
+        Method::GET | Method::HEAD | Method::OPTIONS
+    );
+    let review = request
+        .uri()
+        .path()
+        .starts_with("/apis/authorization.k8s.io/");
+    !read && !review
+}
+
+/// Counts a write: `sent` (the API server answered, whatever it said), `failed` (no answer:
+/// the connection failed or timed out) or `refused` by the fence.
+fn count_write(result: &'static str, resource: String) {
+    metrics::metrics()
+        .api_writes
+        .get_or_create(&WriteLabels { result, resource })
+        .inc();
+}
+
+/// The resource (and subresource) a request path names: `deployments`, `memcacheds/status`.
+fn resource_of(path: &str) -> String {
+    let mut parts = path.trim_matches('/').split('/');
+    // `/api/v1/...` or `/apis/<group>/<version>/...`
+    let rest: Vec<&str> = match parts.next() {
+        Some("api") => parts.skip(1).collect(),
+        Some("apis") => parts.skip(2).collect(),
+        _ => return String::new(),
+    };
+    let rest = match rest.as_slice() {
+        ["namespaces", _, tail @ ..] if !tail.is_empty() => tail,
+        all => all,
+    };
+    match rest {
+        [resource, _, sub, ..] => format!("{resource}/{sub}"),
+        [resource, ..] => resource.to_string(),
+        [] => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_are_counted_by_resource() {
+        let cases = [
+            ("/apis/apps/v1/namespaces/ns/deployments/a", "deployments"),
+            ("/apis/apps/v1/namespaces/ns/deployments", "deployments"),
+            (
+                "/apis/cache.example.com/v1alpha1/namespaces/ns/memcacheds/a/status",
+                "memcacheds/status",
+            ),
+            ("/api/v1/namespaces/ns/events", "events"),
+            ("/api/v1/namespaces/ns", "namespaces"),
+            (
+                "/apis/rbac.authorization.k8s.io/v1/clusterroles/x",
+                "clusterroles",
+            ),
+            ("/version", ""),
+        ];
+        for (path, resource) in cases {
+            assert_eq!(resource_of(path), resource, "{path}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_fence_opens_while_leading_and_shuts_when_the_renewal_is_too_old() {
+        let fence = Fence::new("l", Duration::from_secs(15));
+        assert!(!fence.is_open());
+        fence.renewed(Instant::now());
+        assert!(!fence.is_open(), "a renewal before leading opens nothing");
+        fence.lead();
+        assert!(fence.is_open(), "the acquiring request's renewal counts");
+        tokio::time::advance(Duration::from_secs(13)).await;
+        assert!(fence.is_open());
+        fence.renewed(Instant::now() - Duration::from_secs(3));
+        tokio::time::advance(Duration::from_millis(1500)).await;
+        assert!(fence.is_open(), "renewed from when it was sent");
+        tokio::time::advance(Duration::from_secs(11)).await;
+        assert!(!fence.is_open(), "14 s after the last renewal was sent");
+        let deadline = fence.deadline().unwrap();
+        assert!(deadline <= Instant::now());
+        fence.renewed(Instant::now());
+        assert!(fence.is_open(), "a late renewal that succeeded reopens it");
+        fence.lose();
+        assert!(!fence.is_open());
+        fence.lead();
+        fence.renewed(Instant::now());
+        assert!(!fence.is_open(), "lost is for good");
+        assert_eq!(fence.deadline(), None);
+        assert!(Fence::unfenced().is_open());
+    }
+}
