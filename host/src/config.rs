@@ -129,3 +129,8 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
 /// CRD gone) may take to finish its reconciles in flight before it is aborted, so that the
 /// plugin registry's loop never waits longer on it.
 pub const CONTROLLER_STOP_GRACE: Duration = Duration::from_secs(30);
+
+/// Longest retry delay after a reconcile failed because the API server could not be reached
+/// or could not serve it (no answer, 429, 5xx): failures piled up during an outage must not
+/// push the retry long past its end.
+pub const TRANSIENT_RETRY_MAX: Duration = Duration::from_secs(8);

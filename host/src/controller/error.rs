@@ -93,6 +93,22 @@ impl ReconcileError {
         }
     }
 
+    /// Whether the API server could not be reached or could not serve the request (no
+    /// answer, 429 or 5xx): a fault of the cluster that ends by itself, so its retries are
+    /// capped at [`crate::config::TRANSIENT_RETRY_MAX`] and converge soon after it ends.
+    pub fn is_transient(&self) -> bool {
+        let transient = |e: &kube::Error| match e {
+            kube::Error::Api(s) => s.code == 429 || s.code >= 500,
+            kube::Error::Service(_) | kube::Error::HyperError(_) => true,
+            _ => false,
+        };
+        match self {
+            Self::Apply(errors) => errors.iter().any(|e| transient(&e.source)),
+            Self::Status(e) | Self::Finalizer { source: e, .. } => transient(e),
+            _ => false,
+        }
+    }
+
     /// Whether the plugin's identity was refused a write (RBAC to grant it).
     pub fn is_forbidden(&self) -> bool {
         match self {

@@ -342,6 +342,9 @@ fn after_reconcile(
             // parent, a child, a related object or the plugin), or the resync.
             let delay = if e.error.is_guest_fault() {
                 resync
+            } else if e.error.is_transient() {
+                // Failures piled up during an outage must not push the retry long past its end.
+                config.backoff.delay(n).min(config::TRANSIENT_RETRY_MAX)
             } else {
                 config.backoff.delay(n)
             };
@@ -838,6 +841,16 @@ mod tests {
                 Some((Duration::from_millis(delay), Reason::Retry(before + 1)))
             );
         }
+        let unavailable = kube::Error::Api(Box::new(
+            kube::core::Status::failure("etcd is unavailable", "InternalError").with_code(503),
+        ));
+        let outage = failed(ReconcileError::Status(unavailable));
+        let next = after_reconcile(&outage, 9, &config, resync);
+        assert_eq!(
+            next.again,
+            Some((config::TRANSIENT_RETRY_MAX, Reason::Retry(10))),
+            "an outage's retries stay short: 250 ms doubled 9 times would be 128 s"
+        );
         let guest = failed(ReconcileError::InvalidSelector(
             "a selector for v1 Secret".into(),
         ));
