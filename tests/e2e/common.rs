@@ -180,7 +180,7 @@ pub fn memcached_resource() -> ApiResource {
 }
 
 /// Applies every CRD in `deploy/crds/` and a test-only `Probe` kind, and waits until served.
-async fn install_crds(client: &Client) {
+pub async fn install_crds(client: &Client) {
     let dir = test_artifacts::workspace_root().join("deploy/crds");
     let mut crds: Vec<CustomResourceDefinition> = Vec::new();
     for entry in std::fs::read_dir(&dir).expect("deploy/crds") {
@@ -208,7 +208,7 @@ pub fn probe_resource() -> ApiResource {
 }
 
 /// A minimal kind for the adversarial test plugin (`tests/guests/adversarial`).
-fn probe_crd() -> Value {
+pub fn probe_crd() -> Value {
     json!({
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -313,9 +313,14 @@ impl Host {
         .expect("HTTP address")
     }
 
+    /// The exit status, once the process has exited.
+    pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
     /// True while the process runs.
     pub fn alive(&mut self) -> bool {
-        self.child.try_wait().ok().flatten().is_none()
+        self.exit_status().is_none()
     }
 }
 
