@@ -6,26 +6,29 @@
 //!
 //! A [`Fence`] stands between the host and the API server while leader election is on. Reads
 //! always pass; a write (any method but `GET`) passes only while this replica holds the Lease
-//! and the last successful renewal is younger than the Lease's duration less one second. The
-//! fence learns of renewals by watching the lease manager's own requests go by
-//! ([`Fence::observe`]), so a leader that was frozen (SIGSTOP, a long GC pause, a black-holed
-//! network) and wakes up after its Lease expired writes nothing through its backlog: the
-//! deadline has passed before any renewal could succeed.
+//! and the Lease, as last seen, is valid for another second. The fence reads the Lease out of
+//! every answer the lease manager gets ([`Fence::observe`]): one naming this replica as holder
+//! keeps the fence open until the Lease's `renewTime` plus its duration less one second (for
+//! a renewal, never longer than from when it was sent); one naming another holder shuts it.
+//! So a leader that was frozen (SIGSTOP, a long pause, a black-holed network) and wakes up
+//! after its Lease expired writes nothing through its backlog: the deadline has passed before
+//! any renewal could succeed.
 //!
 //! ```
 //! use std::time::Duration;
 //! use wasmop::client::Fence;
 //!
-//! let fence = Fence::new("wasmop-leader", Duration::from_secs(15));
+//! let fence = Fence::new("wasmop-leader", "host-a", Duration::from_secs(15));
 //! assert!(!fence.is_open(), "shut until the Lease is held");
 //! ```
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
 use http::Method;
+use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
 use kube::client::Body;
 use tokio::time::Instant;
@@ -75,6 +78,8 @@ pub struct Fence {
 
 struct FenceState {
     lease: String,
+    // This replica's identity, as the Lease's holder names it.
+    identity: String,
     // How long a renewal keeps the fence open, counted from when the renewal was sent.
     valid_for: Duration,
     // Open until this instant, in ms since `epoch`; 0 is shut.
@@ -103,11 +108,13 @@ impl std::fmt::Debug for Fence {
 }
 
 impl Fence {
-    /// A shut fence for Lease `lease`, whose renewals are valid for `duration` less 1 s.
-    pub fn new(lease: &str, duration: Duration) -> Fence {
+    /// A shut fence for Lease `lease` held as `identity`, whose renewals are valid for
+    /// `duration` less 1 s.
+    pub fn new(lease: &str, identity: &str, duration: Duration) -> Fence {
         Fence {
             inner: Arc::new(FenceState {
                 lease: lease.to_string(),
+                identity: identity.to_string(),
                 valid_for: duration.saturating_sub(Duration::from_secs(1)),
                 until_ms: AtomicU64::new(0),
                 epoch: Instant::now(),
@@ -118,7 +125,7 @@ impl Fence {
 
     /// A fence that is always open (no leader election): it only counts writes.
     pub fn unfenced() -> Fence {
-        let fence = Fence::new("", Duration::ZERO);
+        let fence = Fence::new("", "", Duration::ZERO);
         *fence.inner.state.lock().expect("fence lock") = Phase::Unfenced;
         fence
     }
@@ -154,12 +161,46 @@ impl Fence {
         self.inner.until_ms.store(0, Ordering::SeqCst);
     }
 
-    /// A renewal sent at `sent` succeeded.
-    fn renewed(&self, sent: Instant) {
-        let until = sent.saturating_duration_since(self.inner.epoch) + self.inner.valid_for;
-        self.inner
-            .until_ms
-            .fetch_max(until.as_millis() as u64, Ordering::SeqCst);
+    /// How long a renewal keeps the fence open.
+    pub fn valid_for(&self) -> Duration {
+        self.inner.valid_for
+    }
+
+    /// The Lease as an answer to a request sent at `sent` showed it; `renewal` when that
+    /// request wrote it.
+    fn saw(&self, lease: &Lease, sent: Instant, renewal: bool) {
+        let spec = lease.spec.as_ref();
+        let holder = spec.and_then(|s| s.holder_identity.as_deref());
+        if holder != Some(self.inner.identity.as_str()) {
+            if self.phase() == Phase::Leading {
+                tracing::warn!(holder, "the leader Lease names another holder; writes stop");
+                self.inner.until_ms.store(0, Ordering::SeqCst);
+            }
+            return;
+        }
+        let (Some(renewed), Some(seconds)) = (
+            spec.and_then(|s| s.renew_time.as_ref()),
+            spec.and_then(|s| s.lease_duration_seconds),
+        ) else {
+            return;
+        };
+        let expires = SystemTime::from(renewed.0) + Duration::from_secs(seconds.max(0) as u64);
+        let left = expires
+            .duration_since(SystemTime::now())
+            .unwrap_or_default()
+            .saturating_sub(Duration::from_secs(1));
+        let mut until = Instant::now() + left;
+        if renewal {
+            until = until.min(sent + self.inner.valid_for);
+        }
+        self.extend(until);
+    }
+
+    fn extend(&self, until: Instant) {
+        let ms = until
+            .saturating_duration_since(self.inner.epoch)
+            .as_millis() as u64;
+        self.inner.until_ms.fetch_max(ms, Ordering::SeqCst);
     }
 
     fn phase(&self) -> Phase {
@@ -201,22 +242,29 @@ impl Fence {
         Client::new(guarded, client.default_namespace())
     }
 
-    /// `client`, for the lease manager: each successful write to the Lease, while leading,
-    /// extends the fence from the moment it was sent.
+    /// `client`, for the lease manager: the Lease in every successful answer about it moves
+    /// the fence (see the module docs).
     pub fn observe(&self, client: &Client) -> Client {
         let fence = self.clone();
         let inner = client.clone();
         let suffix = format!("/leases/{}", self.inner.lease);
         let observed = tower::service_fn(move |request: http::Request<Body>| {
             let (fence, inner) = (fence.clone(), inner.clone());
-            let renewal = is_write(&request) && request.uri().path().ends_with(&suffix);
+            let about = request.uri().path().ends_with(&suffix);
+            let renewal = about && is_write(&request);
             async move {
                 let sent = Instant::now();
                 let response = inner.send(request).await?;
-                if renewal && response.status().is_success() {
-                    fence.renewed(sent);
+                if !about || !response.status().is_success() {
+                    return Ok::<_, kube::Error>(response);
                 }
-                Ok::<_, kube::Error>(response)
+                // A Lease is small: read it, then hand the same bytes on.
+                let (parts, body) = response.into_parts();
+                let bytes = body.collect_bytes().await?;
+                if let Ok(lease) = serde_json::from_slice::<Lease>(&bytes) {
+                    fence.saw(&lease, sent, renewal);
+                }
+                Ok(http::Response::from_parts(parts, Body::from(bytes)))
             }
         });
         Client::new(observed, client.default_namespace())
@@ -294,31 +342,79 @@ mod tests {
         }
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn the_fence_opens_while_leading_and_shuts_when_the_renewal_is_too_old() {
-        let fence = Fence::new("l", Duration::from_secs(15));
-        assert!(!fence.is_open());
-        fence.renewed(Instant::now());
-        assert!(!fence.is_open(), "a renewal before leading opens nothing");
+    fn lease(holder: &str, renewed_ago: Duration) -> Lease {
+        let renewed = k8s_openapi::jiff::Timestamp::try_from(SystemTime::now() - renewed_ago)
+            .expect("a timestamp");
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "l"},
+            "spec": {
+                "holderIdentity": holder,
+                "leaseDurationSeconds": 15,
+                "renewTime": renewed.to_string(),
+            },
+        }))
+        .expect("a Lease")
+    }
+
+    #[tokio::test]
+    async fn the_fence_follows_the_lease_it_sees() {
+        let fence = Fence::new("l", "me", Duration::from_secs(15));
+        let now = Instant::now();
+        fence.saw(&lease("me", Duration::ZERO), now, true);
+        assert!(!fence.is_open(), "nothing passes before leading");
         fence.lead();
-        assert!(fence.is_open(), "the acquiring request's renewal counts");
-        tokio::time::advance(Duration::from_secs(13)).await;
-        assert!(fence.is_open());
-        fence.renewed(Instant::now() - Duration::from_secs(3));
-        tokio::time::advance(Duration::from_millis(1500)).await;
-        assert!(fence.is_open(), "renewed from when it was sent");
-        tokio::time::advance(Duration::from_secs(11)).await;
-        assert!(!fence.is_open(), "14 s after the last renewal was sent");
+        assert!(fence.is_open(), "the acquiring renewal counts");
         let deadline = fence.deadline().unwrap();
-        assert!(deadline <= Instant::now());
-        fence.renewed(Instant::now());
-        assert!(fence.is_open(), "a late renewal that succeeded reopens it");
-        fence.lose();
-        assert!(!fence.is_open());
+        assert!(deadline <= now + Duration::from_secs(14), "{deadline:?}");
+        assert!(deadline > now + Duration::from_secs(13), "{deadline:?}");
+
+        // A Lease of this identity renewed 10 s ago (an earlier run of this pod): 4 s left.
+        let fence = Fence::new("l", "me", Duration::from_secs(15));
         fence.lead();
-        fence.renewed(Instant::now());
+        assert!(!fence.is_open(), "no Lease seen yet");
+        fence.saw(&lease("me", Duration::from_secs(10)), Instant::now(), false);
+        assert!(fence.is_open());
+        let left = fence.deadline().unwrap() - Instant::now();
+        assert!(
+            left <= Duration::from_secs(4) && left > Duration::from_secs(3),
+            "{left:?}"
+        );
+
+        // Long expired: still shut, until a renewal succeeds.
+        let fence = Fence::new("l", "me", Duration::from_secs(15));
+        fence.lead();
+        fence.saw(&lease("me", Duration::from_secs(60)), Instant::now(), false);
+        assert!(!fence.is_open());
+        fence.saw(&lease("me", Duration::ZERO), Instant::now(), true);
+        assert!(fence.is_open());
+
+        // Another holder shuts it at once; lost is for good.
+        fence.saw(&lease("you", Duration::ZERO), Instant::now(), false);
+        assert!(!fence.is_open());
+        fence.saw(&lease("me", Duration::ZERO), Instant::now(), true);
+        assert!(
+            fence.is_open(),
+            "a renewal that succeeded as holder reopens it"
+        );
+        fence.lose();
+        fence.lead();
+        fence.saw(&lease("me", Duration::ZERO), Instant::now(), true);
         assert!(!fence.is_open(), "lost is for good");
         assert_eq!(fence.deadline(), None);
         assert!(Fence::unfenced().is_open());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_counts_from_when_it_was_sent() {
+        let fence = Fence::new("l", "me", Duration::from_secs(15));
+        fence.lead();
+        let sent = Instant::now();
+        tokio::time::advance(Duration::from_secs(5)).await;
+        // The answer took 5 s; the Lease's own renewTime says now.
+        fence.saw(&lease("me", Duration::ZERO), sent, true);
+        tokio::time::advance(Duration::from_secs(8)).await;
+        assert!(fence.is_open());
+        tokio::time::advance(Duration::from_millis(1500)).await;
+        assert!(!fence.is_open(), "14 s after the renewal was sent");
     }
 }

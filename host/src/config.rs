@@ -125,12 +125,18 @@ pub const WATCH_STALL: Duration = Duration::from_secs(120);
 /// Lease's release), then exits anyway: well inside a pod's default 30 s grace period.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
 
-/// How long a controller being stopped (a swap that changes kinds, a deleted ConfigMap, a
-/// CRD gone) may take to finish its reconciles in flight before it is aborted, so that the
-/// plugin registry's loop never waits longer on it.
+/// How long a controller being stopped (a swap that changes kinds, a CRD gone, the host
+/// stopping) may take to finish its reconciles in flight before it is aborted, so that the
+/// plugin registry's loop never waits longer on it. A stop that releases the plugin's
+/// finalizer is not cut short.
 pub const CONTROLLER_STOP_GRACE: Duration = Duration::from_secs(30);
 
 /// Longest retry delay after a reconcile failed because the API server could not be reached
 /// or could not serve it (no answer, 429, 5xx): failures piled up during an outage must not
 /// push the retry long past its end.
 pub const TRANSIENT_RETRY_MAX: Duration = Duration::from_secs(8);
+
+/// A watched kind is taken for gone (its CRD deleted), and its plugin paused, once the API
+/// server has answered its watch with 404 for this long: an apiserver that just started
+/// answers 404 for custom resources until it has read their CRDs.
+pub const KIND_GONE_AFTER: Duration = Duration::from_secs(10);

@@ -129,10 +129,21 @@ impl Host {
     pub async fn new(client: Client, config: HostConfig) -> anyhow::Result<Host> {
         let sandbox = Sandbox::new(config.sandbox.clone()).context("starting the sandbox")?;
         let fence = match &config.leader_election {
-            Some(election) => Fence::new(
-                &election.lease_name,
-                std::time::Duration::from_secs(election.duration_seconds),
-            ),
+            Some(election) => {
+                // The fence shuts 1 s before the Lease expires, so the renewal must come earlier.
+                anyhow::ensure!(
+                    election.renew_grace_seconds >= 2
+                        && election.renew_grace_seconds < election.duration_seconds,
+                    "the leader Lease is renewed {}s before it expires, of {}s; that must be at least 2s and less than the duration",
+                    election.renew_grace_seconds,
+                    election.duration_seconds
+                );
+                Fence::new(
+                    &election.lease_name,
+                    &config.identity,
+                    std::time::Duration::from_secs(election.duration_seconds),
+                )
+            }
             None => Fence::unfenced(),
         };
         let health = Health::default();
@@ -154,7 +165,7 @@ impl Host {
             config.watch_namespace.clone(),
             reporter.clone(),
             config.controller.clone(),
-            health.clone(),
+            (health.clone(), fence.clone()),
         );
         let registry = Registry::new(
             guarded,
@@ -321,35 +332,48 @@ impl Leader<'_> {
             }
         }
         fence.lead();
+        // The Lease is held and renewed by a task of its own, so that nothing the registry
+        // awaits can delay a renewal or the news of its loss.
+        let lease = std::sync::Arc::new(lease);
+        let (lost_tx, mut lost_rx) = watch::channel(None::<String>);
+        let holder = tokio::spawn({
+            let (lease, fence) = (lease.clone(), fence.clone());
+            async move {
+                let why = held(&lease, &fence).await;
+                fence.lose();
+                let _ = lost_tx.send(Some(why));
+            }
+        });
+        let mut lost = lost_rx.clone();
+        // A Lease an earlier run of this pod held may still await its first renewal.
+        while !fence.is_open() && lost.borrow().is_none() {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
         tracing::info!(lease = %election.lease_name, identity = %config.identity, "became the leader; reconciling");
         forward_readiness(registry.ready(), ready_tx);
-        let lost = tokio::sync::Notify::new();
-        let why = std::sync::Mutex::new(String::new());
         let until = async {
             tokio::select! {
                 _ = stopped(stop) => {},
-                reason = held(&lease, &fence) => {
-                    *why.lock().expect("reason lock") = reason;
-                    fence.lose();
-                    lost.notify_one();
-                },
+                _ = lost.wait_for(Option::is_some) => {},
             }
         };
         let grace = async {
-            lost.notified().await;
+            let _ = lost_rx.wait_for(Option::is_some).await;
             tokio::time::sleep(config::LOST_LEASE_GRACE).await;
         };
         tokio::select! {
             _ = registry.run(until) => {},
             _ = grace => tracing::warn!("reconciles still in flight {}s after the Lease was lost; exiting without them", config::LOST_LEASE_GRACE.as_secs()),
         }
-        let why = why.into_inner().expect("reason lock");
-        if !why.is_empty() {
+        let why = lost_rx.borrow().clone();
+        if let Some(why) = why {
+            // Not released: another host may hold it by now.
             anyhow::bail!(
                 "lost the leader Lease {}: {why}; exiting so that only one host reconciles",
                 election.lease_name
             );
         }
+        holder.abort();
         lease
             .release()
             .await
@@ -359,8 +383,10 @@ impl Leader<'_> {
     }
 }
 
-/// Resolves, saying why, once the Lease is no longer held: another holder took it, renewing
-/// it failed, or the fence's deadline passed before a renewal succeeded.
+/// Renews the Lease and resolves, saying why, once it is no longer held: another holder took
+/// it, renewing it failed, or the fence's deadline passed before a renewal succeeded. A Lease
+/// this identity already held (an earlier run of the same pod) may need its first renewal
+/// still: that gets the Lease's validity to arrive.
 async fn held(lease: &kube_lease_manager::LeaseManager, fence: &Fence) -> String {
     let changes = async {
         loop {
@@ -372,6 +398,16 @@ async fn held(lease: &kube_lease_manager::LeaseManager, fence: &Fence) -> String
         }
     };
     let expiry = async {
+        let first = tokio::time::Instant::now() + fence.valid_for();
+        while !fence.is_open() {
+            if tokio::time::Instant::now() >= first {
+                return format!(
+                    "no renewal of it succeeded within {}s of taking it",
+                    fence.valid_for().as_secs()
+                );
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
         loop {
             match fence.deadline() {
                 Some(at) if at > tokio::time::Instant::now() => tokio::time::sleep_until(at).await,

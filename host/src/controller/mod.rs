@@ -14,7 +14,6 @@ pub mod release;
 pub mod supervisor;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -29,11 +28,12 @@ use tokio::time::Instant;
 use tracing::Instrument;
 use wasmop_contract::{Manifest, RelatedSelector};
 
+use crate::client::Fence;
 use crate::config;
 use crate::kinds::{self, Kinds, ResolvedKind};
 use crate::plugin::Loaded;
 use crate::telemetry::events::Events;
-use crate::watch::{Cache, Change, Hub, ObjKey, Subscription, key_of};
+use crate::watch::{Cache, Change, Hub, Missing, ObjKey, Subscription, key_of};
 use queue::{Backoff, Queue, Reason};
 pub use supervisor::Supervisor;
 
@@ -79,8 +79,8 @@ pub struct ControllerHandle {
     kinds: Kinds,
     loaded: Loaded,
     synced: watch::Receiver<bool>,
-    // Per watched kind, `apiVersion Kind` and whether the API server stopped serving it.
-    missing: Vec<(String, Arc<AtomicBool>)>,
+    // Per watched kind, `apiVersion Kind` and since when the API server has not served it.
+    missing: Vec<(String, Missing)>,
 }
 
 impl ControllerHandle {
@@ -104,19 +104,27 @@ impl ControllerHandle {
         &self.loaded
     }
 
-    /// The kinds it watches that the API server no longer serves (a CRD deleted), as
-    /// `apiVersion Kind`.
+    /// The kinds it watches that the API server has not served for
+    /// [`config::KIND_GONE_AFTER`] (a CRD deleted), as `apiVersion Kind`.
     pub fn missing_kinds(&self) -> Vec<String> {
         self.missing
             .iter()
-            .filter(|(_, gone)| gone.load(Ordering::Relaxed))
+            .filter(|(_, gone)| gone.for_at_least(config::KIND_GONE_AFTER))
             .map(|(kind, _)| kind.clone())
             .collect()
     }
 
-    /// Whether its task has ended without being stopped: it panicked.
-    pub fn has_died(&self) -> bool {
-        self.task.is_finished()
+    /// How its task ended, if it has ended without being stopped (a panic, normally).
+    pub fn death(&mut self) -> Option<String> {
+        use futures::FutureExt;
+        if !self.task.is_finished() {
+            return None;
+        }
+        Some(match (&mut self.task).now_or_never() {
+            Some(Err(e)) if e.is_panic() => format!("it panicked: {e}"),
+            Some(Err(e)) => format!("its task was cancelled: {e}"),
+            _ => "its task ended".to_string(),
+        })
     }
 
     /// Replaces the plugin version; every parent is reconciled again with the new one. A
@@ -130,8 +138,10 @@ impl ControllerHandle {
     /// `release`, the plugin's finalizer is first taken off every parent: nothing would
     /// remove it any more.
     ///
-    /// A controller not done after [`config::CONTROLLER_STOP_GRACE`] (calls stuck on a dead
-    /// connection) is aborted: its parents are reconciled again by whoever runs next.
+    /// Without `release`, a controller not done after [`config::CONTROLLER_STOP_GRACE`]
+    /// (calls stuck on a dead connection) is aborted: its parents are reconciled again by
+    /// whoever runs next. Releasing is never cut short: a finalizer left behind would hold its
+    /// parent's deletion for good.
     pub async fn stop(self, release: bool) {
         let (ack, rx) = oneshot::channel();
         let mut task = self.task;
@@ -141,7 +151,9 @@ impl ControllerHandle {
             }
             let _ = (&mut task).await;
         };
-        if tokio::time::timeout(config::CONTROLLER_STOP_GRACE, stopping)
+        if release {
+            stopping.await;
+        } else if tokio::time::timeout(config::CONTROLLER_STOP_GRACE, stopping)
             .await
             .is_err()
         {
@@ -202,6 +214,7 @@ pub fn spawn(
     kinds: Kinds,
     loaded: Loaded,
     config: Config,
+    fence: Fence,
 ) -> ControllerHandle {
     let mut subs = vec![(
         Role::Parent,
@@ -245,6 +258,7 @@ pub fn spawn(
         loaded: loaded.clone(),
         config,
         queue: Queue::default(),
+        fence,
         running: JoinSet::new(),
         tasks: HashMap::new(),
         parents: HashMap::new(),
@@ -274,6 +288,8 @@ struct Runner {
     loaded: Loaded,
     config: Config,
     queue: Queue,
+    // Reconciles start only while it is open: see [`crate::client::Fence`].
+    fence: Fence,
     running: JoinSet<(ObjKey, Result<reconcile::Outcome, error::Error>)>,
     // Which parent each running task reconciles, for a task that panics.
     tasks: HashMap<tokio::task::Id, ObjKey>,
@@ -420,20 +436,32 @@ impl Runner {
         let mut changes = stream::select_all(streams);
 
         // Reconciling before every cache is filled would see children as missing.
-        let synced = futures::future::join_all(subs.iter().map(|(_, s)| s.synced()));
-        tokio::select! {
-            _ = synced => {
-                synced_tx.send_replace(true);
-                tracing::info!(
-                version = %self.loaded.plugin.manifest().version,
-                parents = self.shared.parents.len(),
-                "caches synced; reconciling"
-            )},
-            cmd = commands.recv() => {
-                // Nothing reconciled yet, and no cache to release finalizers from.
-                if let Some(Command::Stop { ack, .. }) = cmd { let _ = ack.send(()); }
-                return;
+        // A version swapped in meanwhile takes over once the caches are filled.
+        let swapped = {
+            let mut synced = std::pin::pin!(futures::future::join_all(
+                subs.iter().map(|(_, s)| s.synced())
+            ));
+            let mut swapped: Option<Loaded> = None;
+            loop {
+                tokio::select! {
+                    _ = &mut synced => break swapped,
+                    cmd = commands.recv() => match cmd {
+                        Some(Command::Swap(loaded)) => swapped = Some(*loaded),
+                        // Nothing reconciled yet, and no cache to release finalizers from.
+                        Some(Command::Stop { ack, .. }) => { let _ = ack.send(()); return; }
+                        None => return,
+                    },
+                }
             }
+        };
+        synced_tx.send_replace(true);
+        tracing::info!(
+            version = %self.loaded.plugin.manifest().version,
+            parents = self.shared.parents.len(),
+            "caches synced; reconciling"
+        );
+        if let Some(loaded) = swapped {
+            self.on_swap(loaded);
         }
 
         let mut stop: Option<(bool, oneshot::Sender<()>)> = None;
@@ -479,7 +507,7 @@ impl Runner {
                 // With every slot busy a due entry waits for `join_next`; arming the timer
                 // then would wake this loop at once, again and again.
                 _ = sleep_until(due), if due.is_some() && stop.is_none()
-                    && self.running.len() < self.config.concurrency => {},
+                    && self.running.len() < self.config.concurrency && self.fence.is_open() => {},
             }
             if stop.is_some() && self.running.is_empty() {
                 break;
@@ -499,6 +527,10 @@ impl Runner {
     }
 
     fn dispatch(&mut self) {
+        // A leader whose Lease is lost or stale starts nothing (its writes would be refused).
+        if !self.fence.is_open() {
+            return;
+        }
         let now = Instant::now();
         while self.running.len() < self.config.concurrency {
             let Some((key, reason)) = self.queue.pop_due(now) else {

@@ -3,6 +3,9 @@
 //! kinds the new version dropped, as recorded in the [`Ledger`]), and stops it.
 
 use std::collections::HashMap;
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -12,11 +15,15 @@ use wasmop_contract::KindRef;
 
 use super::ledger::{self, Ledger};
 use super::{Config, ControllerHandle, release, spawn};
+use crate::client::Fence;
 use crate::kinds::{Kinds, ResolvedKind, resolve_one};
 use crate::plugin::access;
 use crate::plugin::{Activation, Loaded, Supervise};
 use crate::telemetry::health::Health;
 use crate::watch::Hub;
+
+/// A controller that ran this long since its last restart starts counting its deaths afresh.
+const REVIVE_RESET: Duration = Duration::from_secs(300);
 
 /// The controllers of one host, by plugin ConfigMap.
 pub struct Supervisor {
@@ -28,19 +35,22 @@ pub struct Supervisor {
     // Names the host in Events on parents (each plugin's identity writes them).
     reporter: Reporter,
     config: Config,
+    fence: Fence,
     running: HashMap<String, ControllerHandle>,
+    // Controllers restarted after dying: how often in a row, and when last.
+    revived: HashMap<String, (u32, Instant)>,
 }
 
 impl Supervisor {
     /// Controllers over shared watches (in `watch_namespace` only, when set), whose failures
-    /// are reported to `health`.
+    /// are reported to `health` and whose reconciles start only while `fence` is open.
     pub fn new(
         client: Client,
         namespace: &str,
         watch_namespace: Option<String>,
         reporter: Reporter,
         config: Config,
-        health: Health,
+        (health, fence): (Health, Fence),
     ) -> Self {
         Supervisor {
             ledger: Ledger::new(client.clone(), namespace),
@@ -49,7 +59,9 @@ impl Supervisor {
             watch_namespace,
             reporter,
             config,
+            fence,
             running: HashMap::new(),
+            revived: HashMap::new(),
         }
     }
 
@@ -60,6 +72,7 @@ impl Supervisor {
             kinds,
             loaded,
             self.config.clone(),
+            self.fence.clone(),
         )
     }
 
@@ -168,20 +181,34 @@ impl Supervise for Supervisor {
             .collect()
     }
 
-    fn revive(&mut self) -> Vec<String> {
-        let dead: Vec<String> = self
-            .running
-            .iter()
-            .filter(|(_, h)| h.has_died())
-            .map(|(cm, _)| cm.clone())
-            .collect();
-        for configmap in &dead {
-            let handle = self.running.remove(configmap).expect("listed above");
+    fn revive(&mut self) -> Vec<(String, String)> {
+        let mut revived = Vec::new();
+        let names: Vec<String> = self.running.keys().cloned().collect();
+        for configmap in names {
+            let handle = self.running.get_mut(&configmap).expect("listed above");
+            let Some(how) = handle.death() else {
+                continue;
+            };
+            // One that dies again at once waits 1, 2, 4 … 64 s before the next restart.
+            let (times, last) = self
+                .revived
+                .get(&configmap)
+                .copied()
+                .unwrap_or((0, Instant::now() - REVIVE_RESET));
+            let since = last.elapsed();
+            let times = if since >= REVIVE_RESET { 0 } else { times };
+            if since < Duration::from_secs(1 << times.min(6)) && times > 0 {
+                continue;
+            }
+            let handle = self.running.remove(&configmap).expect("listed above");
             let (kinds, loaded) = (handle.kinds().clone(), handle.loaded().clone());
             let fresh = self.spawn(kinds, loaded);
             self.running.insert(configmap.clone(), fresh);
+            self.revived
+                .insert(configmap.clone(), (times + 1, Instant::now()));
+            revived.push((configmap, how));
         }
-        dead
+        revived
     }
 
     fn is_synced(&self, configmap: &str) -> bool {

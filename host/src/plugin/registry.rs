@@ -88,8 +88,9 @@ pub trait Supervise: Send {
     /// The plugins some of whose kinds the API server stopped serving (a CRD deleted), with
     /// those kinds.
     fn vanished(&self) -> Vec<(String, Vec<String>)>;
-    /// Restarts every controller whose task died (a panic); returns their ConfigMaps.
-    fn revive(&mut self) -> Vec<String>;
+    /// Restarts the controllers whose task died (a panic), backing off one that keeps dying;
+    /// returns their ConfigMaps and how each ended.
+    fn revive(&mut self) -> Vec<(String, String)>;
     /// Whether the caches of what runs for `configmap` are synced (`true` if nothing runs).
     fn is_synced(&self, configmap: &str) -> bool;
 }
@@ -98,8 +99,9 @@ struct Slot {
     configmap: ConfigMap,
     // The newest source seen.
     latest: Option<PluginSource>,
-    // Counts the sources seen: a load result, or a retry timer, of an older one is dropped,
-    // even when only its settings differ from the newest.
+    // The registry's number for the newest source (or pause) of this slot: a load result, or
+    // a retry timer, of an older one is dropped, even when only its settings differ. Numbers
+    // are never reused, not even by a ConfigMap deleted and created again.
     seq: u64,
     // State of the newest version.
     state: State,
@@ -138,6 +140,8 @@ pub struct Registry {
     // The first list of plugin ConfigMaps has been seen.
     listed: bool,
     health: Health,
+    // The last number given to a slot's source.
+    last_seq: u64,
 }
 
 impl Registry {
@@ -168,6 +172,7 @@ impl Registry {
             ready: tokio::sync::watch::channel(false).0,
             listed: false,
             health,
+            last_seq: 0,
         }
     }
 
@@ -200,8 +205,8 @@ impl Registry {
                 _ = &mut shutdown => break,
                 _ = tick.tick() => {
                     self.health.beat();
-                    for configmap in self.supervisor.revive() {
-                        tracing::error!(configmap, "the plugin's controller died (a panic); restarted it");
+                    for (configmap, how) in self.supervisor.revive() {
+                        tracing::error!(configmap, "the plugin's controller stopped by itself ({how}); restarted it");
                     }
                     for (configmap, kinds) in self.supervisor.vanished() {
                         self.pause(&configmap, &kinds).await;
@@ -280,7 +285,8 @@ impl Registry {
         tracing::info!(configmap = %name, digest = %source.digest, bytes = source.wasm.len(), "loading plugin");
         slot.state = State::Loading;
         slot.latest = Some(source.clone());
-        slot.seq += 1;
+        self.last_seq += 1;
+        slot.seq = self.last_seq;
         let seq = slot.seq;
         self.start_load(name, source, seq);
     }
@@ -437,7 +443,7 @@ impl Registry {
     }
 
     /// Stops the controller of a plugin whose kinds are no longer served, and loads it again
-    /// (now and on [`config::KIND_RETRY`]) until they are: it then resumes by itself.
+    /// every [`config::KIND_RETRY`] until they are: it then resumes by itself.
     async fn pause(&mut self, configmap: &str, kinds: &[String]) {
         self.supervisor.stop(configmap).await;
         let Some(slot) = self.slots.get_mut(configmap) else {
@@ -456,6 +462,9 @@ impl Registry {
         tracing::warn!(configmap, "{msg}");
         slot.state = State::Waiting(msg.clone());
         slot.paused = true;
+        // A load in flight would resume it a second time: only the retry below counts.
+        self.last_seq += 1;
+        slot.seq = self.last_seq;
         let (cm, seq) = (slot.configmap.clone(), slot.seq);
         self.event(&cm, Notice::WaitingForKinds, &msg);
         let tx = self.tx.clone();

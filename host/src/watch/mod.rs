@@ -12,8 +12,9 @@ pub mod cache;
 pub mod lenient;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+
+use tokio::time::Instant;
 
 use futures::StreamExt;
 use kube::api::{Api, ApiResource, DynamicObject, PartialObjectMeta, TypeMeta};
@@ -86,8 +87,9 @@ struct SharedWatch {
     synced: watch::Receiver<bool>,
     task: tokio::task::AbortHandle,
     health: Health,
-    // The API server no longer serves the resource (its CRD was deleted): its lists get 404.
-    missing: Arc<AtomicBool>,
+    // Since when the API server no longer serves the resource (its CRD was deleted): its
+    // lists get 404.
+    missing: Missing,
 }
 
 #[derive(Default)]
@@ -135,9 +137,9 @@ impl Subscription {
         *self.watch.synced.borrow()
     }
 
-    /// A flag that is true while the API server answers this watch with 404 Not Found: its
-    /// resource type is no longer served.
-    pub fn missing(&self) -> Arc<AtomicBool> {
+    /// Since when the API server answers this watch with 404 Not Found (its resource type is
+    /// no longer served), shared with the watch.
+    pub fn missing(&self) -> Missing {
         self.watch.missing.clone()
     }
 }
@@ -217,7 +219,7 @@ impl Hub {
     fn start(&self, key: WatchKey) -> Arc<SharedWatch> {
         let cache = Arc::new(Cache::default());
         let (synced_tx, synced_rx) = watch::channel(false);
-        let missing = Arc::new(AtomicBool::new(false));
+        let missing = Missing::default();
         Arc::new_cyclic(|weak: &Weak<SharedWatch>| {
             let task = tokio::spawn(run_watch(
                 self.client.clone(),
@@ -274,7 +276,7 @@ async fn run_watch(
     cache: Arc<Cache>,
     me: Weak<SharedWatch>,
     synced: watch::Sender<bool>,
-    (health, missing): (Health, Arc<AtomicBool>),
+    (health, missing): (Health, Missing),
 ) {
     let kind = key.resource.kind.clone();
     let name = key.to_string();
@@ -315,11 +317,11 @@ async fn run_watch(
         match &event {
             Ok(_) => {
                 health.watch_ok(&name);
-                missing.store(false, Ordering::Relaxed);
+                missing.set(false);
             }
             Err(e) => {
                 health.watch_failed(&name, &crate::text::chain(e));
-                missing.store(is_not_found(e), Ordering::Relaxed);
+                missing.set(is_not_found(e));
             }
         }
         match event {
@@ -351,6 +353,28 @@ async fn run_watch(
                 tracing::warn!(%kind, error = %crate::text::chain(&err), "watch failed; retrying with backoff")
             }
         }
+    }
+}
+
+/// Since when a watch's resource type has not been served (its lists answered 404).
+#[derive(Debug, Clone, Default)]
+pub struct Missing(Arc<Mutex<Option<Instant>>>);
+
+impl Missing {
+    fn set(&self, missing: bool) {
+        let mut since = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match (missing, since.is_some()) {
+            (true, false) => *since = Some(Instant::now()),
+            (false, true) => *since = None,
+            _ => {}
+        }
+    }
+
+    /// Whether it has been missing for `long` at least (an apiserver that just started
+    /// answers 404 for custom resources until it has read their CRDs).
+    pub fn for_at_least(&self, long: std::time::Duration) -> bool {
+        let since = *self.0.lock().unwrap_or_else(|p| p.into_inner());
+        since.is_some_and(|t| t.elapsed() >= long)
     }
 }
 
