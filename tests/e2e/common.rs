@@ -245,6 +245,28 @@ impl Host {
     /// Starts `wasmop run` with its plugins in `namespace`, reconciling only in `watch`, with
     /// `extra` arguments.
     pub fn start_in(kubeconfig: &Path, namespace: &str, watch: &str, extra: &[&str]) -> Host {
+        Host::launch(kubeconfig, namespace, watch, extra, &[])
+    }
+
+    /// Starts `wasmop run` as the pod `pod` (`POD_NAME`, its Lease identity), with `extra`
+    /// arguments.
+    pub fn start_as(kubeconfig: &Path, namespace: &str, pod: &str, extra: &[&str]) -> Host {
+        Host::launch(
+            kubeconfig,
+            namespace,
+            namespace,
+            extra,
+            &[("POD_NAME", pod)],
+        )
+    }
+
+    fn launch(
+        kubeconfig: &Path,
+        namespace: &str,
+        watch: &str,
+        extra: &[&str],
+        envs: &[(&str, &str)],
+    ) -> Host {
         let dir = test_artifacts::workspace_root().join("target/e2e-logs");
         std::fs::create_dir_all(&dir).unwrap();
         let log = dir.join(format!("{watch}-{}.log", nanos()));
@@ -261,6 +283,7 @@ impl Host {
             .args(extra)
             .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "info,wasmop=debug")
+            .envs(envs.iter().copied())
             .stdin(Stdio::null())
             .stdout(file.try_clone().unwrap())
             .stderr(file);

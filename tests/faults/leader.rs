@@ -103,3 +103,38 @@ async fn a_frozen_leader_that_wakes_up_deposed_writes_nothing_and_exits() {
         "exited {exited:?} after resuming"
     );
 }
+
+/// A leader killed outright leaves its Lease naming it; started again as the same pod (a
+/// container restart), it must take its own Lease back and reconcile, not exit.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_leader_killed_and_restarted_as_the_same_pod_leads_again() {
+    let _turn = serial().await;
+    let env = Env::new("f-relead").await;
+    env.put_plugin("memcached", &memcached_wasm(), None).await;
+    let args = ["--leader-elect"];
+    let first = Host::start_as(&env.kubeconfig, env.name(), "wasmop-0", &args);
+    testenv::wait_for("the first run to lead", TIMEOUT, || async {
+        Ok::<_, String>(first.logs().contains(LEADER).then_some(()))
+    })
+    .await
+    .unwrap();
+    scale(&env, 20, 1).await;
+    converged(&env, 20, 1, &first).await;
+    first.kill();
+
+    let mut again = Host::start_as(&env.kubeconfig, env.name(), "wasmop-0", &args);
+    let restarted = Instant::now();
+    scale(&env, 20, 2).await;
+    converged(&env, 20, 2, &again).await;
+    let took = restarted.elapsed();
+    assert!(
+        again.alive(),
+        "the restarted leader still runs:\n{}",
+        again.logs()
+    );
+    assert!(again.logs().contains(LEADER), "{}", again.logs());
+    println!(
+        "measured: fault=\"leader SIGKILLed, restarted as the same pod\" converge_s={:.1}",
+        took.as_secs_f64()
+    );
+}

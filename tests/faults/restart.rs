@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use kube::api::ListParams;
 
 use crate::common::Env;
@@ -96,4 +96,28 @@ async fn a_host_killed_while_applying_leaves_no_duplicate_and_no_orphan() {
         all,
         &format!("deployments_at_kill={at_kill}"),
     );
+    // Names alone rule out two Deployments per parent; these rule out a Deployment written
+    // twice with different specs, or rolled out twice.
+    let listed = deployments
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    let rewritten: Vec<_> = listed
+        .iter()
+        .filter(|d| d.metadata.generation != Some(1))
+        .map(|d| d.metadata.name.clone())
+        .collect();
+    assert!(
+        rewritten.is_empty(),
+        "Deployments whose spec was written again: {rewritten:?}"
+    );
+    let sets = env
+        .ns
+        .api::<ReplicaSet>()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(sets.len(), PARENTS, "one ReplicaSet per Deployment");
 }
