@@ -81,6 +81,8 @@ pub struct ControllerHandle {
     synced: watch::Receiver<bool>,
     // Per watched kind, `apiVersion Kind` and since when the API server has not served it.
     missing: Vec<(String, Missing)>,
+    // How its task ended by itself, once [`ControllerHandle::death`] has seen it.
+    died: Option<String>,
 }
 
 impl ControllerHandle {
@@ -117,14 +119,15 @@ impl ControllerHandle {
     /// How its task ended, if it has ended without being stopped (a panic, normally).
     pub fn death(&mut self) -> Option<String> {
         use futures::FutureExt;
-        if !self.task.is_finished() {
-            return None;
+        if self.died.is_none() && self.task.is_finished() {
+            // A JoinHandle may be polled to its end once only: keep what it said.
+            self.died = Some(match (&mut self.task).now_or_never() {
+                Some(Err(e)) if e.is_panic() => format!("it panicked: {e}"),
+                Some(Err(e)) => format!("its task was cancelled: {e}"),
+                _ => "its task ended".to_string(),
+            });
         }
-        Some(match (&mut self.task).now_or_never() {
-            Some(Err(e)) if e.is_panic() => format!("it panicked: {e}"),
-            Some(Err(e)) => format!("its task was cancelled: {e}"),
-            _ => "its task ended".to_string(),
-        })
+        self.died.clone()
     }
 
     /// Replaces the plugin version; every parent is reconciled again with the new one. A
@@ -145,11 +148,14 @@ impl ControllerHandle {
     pub async fn stop(self, release: bool) {
         let (ack, rx) = oneshot::channel();
         let mut task = self.task;
+        let reaped = self.died.is_some();
         let stopping = async {
             if self.commands.send(Command::Stop { release, ack }).is_ok() {
                 let _ = rx.await;
             }
-            let _ = (&mut task).await;
+            if !reaped {
+                let _ = (&mut task).await;
+            }
         };
         if release {
             stopping.await;
@@ -280,6 +286,7 @@ pub fn spawn(
         loaded,
         synced,
         missing,
+        died: None,
     }
 }
 
