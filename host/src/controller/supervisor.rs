@@ -190,14 +190,11 @@ impl Supervise for Supervisor {
                 continue;
             };
             // One that dies again at once waits 1, 2, 4 … 64 s before the next restart.
-            let (times, last) = self
-                .revived
-                .get(&configmap)
-                .copied()
-                .unwrap_or((0, Instant::now() - REVIVE_RESET));
-            let since = last.elapsed();
-            let times = if since >= REVIVE_RESET { 0 } else { times };
-            if since < Duration::from_secs(1 << times.min(6)) && times > 0 {
+            let (times, since) = match self.revived.get(&configmap) {
+                Some((times, last)) if last.elapsed() < REVIVE_RESET => (*times, last.elapsed()),
+                _ => (0, REVIVE_RESET),
+            };
+            if times > 0 && since < Duration::from_secs(1 << times.min(6)) {
                 continue;
             }
             let handle = self.running.remove(&configmap).expect("listed above");
