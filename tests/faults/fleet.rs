@@ -185,24 +185,29 @@ pub async fn converged(env: &Env, n: usize, size: i64, host: &Host) -> Duration 
     }
 }
 
-/// A counter of the host's `/metrics`, summed over the series whose labels contain `labels`.
-pub async fn counter(host: &Host, metric: &str, labels: &str) -> u64 {
+/// A counter of the host's `/metrics`, summed over the series that have every label of
+/// `labels`.
+pub async fn counter(host: &Host, metric: &str, labels: &[(&str, &str)]) -> u64 {
     let (_, text) = http_get(&host.http_addr().await, "/metrics").await;
-    text.lines()
-        .filter(|l| l.starts_with(metric) && l.contains(labels))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+    testenv::metrics::samples(&text, metric)
+        .iter()
+        .filter(|s| {
+            labels
+                .iter()
+                .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
+        })
+        .map(|s| s.value as u64)
         .sum()
 }
 
 /// Writes the host sent and the API server answered, to `resource` (`deployments`,
 /// `memcacheds/status`; "" for all).
 pub async fn writes(host: &Host, resource: &str) -> u64 {
-    let labels = if resource.is_empty() {
-        r#"result="sent""#.to_string()
-    } else {
-        format!(r#"result="sent",resource="{resource}""#)
-    };
-    counter(host, "wasmop_api_writes_total{", &labels).await
+    let mut labels = vec![("result", "sent")];
+    if !resource.is_empty() {
+        labels.push(("resource", resource));
+    }
+    counter(host, "wasmop_api_writes_total", &labels).await
 }
 
 /// Sends `signal` (`STOP`, `CONT`, `KILL`, `TERM`) to `pid`.

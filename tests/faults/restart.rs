@@ -22,18 +22,18 @@ async fn a_restart_with_nothing_changed_writes_nothing() {
     let started = Instant::now();
     // Every parent is reconciled for the initial list (and again for its Deployment's); wait
     // for that, then until no reconcile came for 3 s.
-    let reconciles = r#"plugin="memcached",result="success""#;
+    let reconciles = [("plugin", "memcached"), ("result", "success")];
     testenv::wait_until(
         "every parent to be reconciled after the restart",
         Duration::from_secs(120),
-        || async { Ok::<_, String>(counter(&host, "wasmop_reconcile_total{", reconciles).await) },
+        || async { Ok::<_, String>(counter(&host, "wasmop_reconcile_total", &reconciles).await) },
         |n| *n >= PARENTS as u64,
     )
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", host.logs()));
     let mut last = u64::MAX;
     loop {
-        let now = counter(&host, "wasmop_reconcile_total{", reconciles).await;
+        let now = counter(&host, "wasmop_reconcile_total", &reconciles).await;
         if now == last {
             break;
         }
