@@ -32,6 +32,41 @@ pub enum Command {
     /// Print the ClusterRole and ClusterRoleBinding the host needs to run a plugin (resource
     /// plurals are guessed offline from kind names: see --plural).
     Rbac(RbacArgs),
+    /// Show and steer how a plugin's revisions go live: status, history, undo, promote, abort.
+    Rollout(RolloutArgs),
+}
+
+/// `wasmop rollout`.
+#[derive(Debug, Args)]
+pub struct RolloutArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub verb: RolloutVerb,
+    /// The plugin's ConfigMap.
+    #[arg(global = true, default_value = "")]
+    pub plugin: String,
+    /// The host's namespace, where the plugin ConfigMaps and their revisions are.
+    #[arg(long, short, global = true, default_value = config::NAMESPACE)]
+    pub namespace: String,
+}
+
+/// The verbs of `wasmop rollout`, as `kubectl rollout` names them.
+#[derive(Debug, Clone, Copy, Subcommand)]
+pub enum RolloutVerb {
+    /// The live revision, and a candidate's progress.
+    Status,
+    /// Every revision kept, oldest first.
+    History,
+    /// Put an earlier revision back in the ConfigMap: the one live before, or --to-revision.
+    Undo {
+        /// The revision to go back to.
+        #[arg(long)]
+        to_revision: Option<i64>,
+    },
+    /// Make the candidate (or an aborted revision) live for every parent now.
+    Promote,
+    /// Abort the canary: its parents go back to the live revision.
+    Abort,
 }
 
 /// Sandbox limits for one plugin. Defaults are the host's defaults.

@@ -84,6 +84,37 @@ impl Kinds {
             .collect();
     }
 
+    /// True when a controller over these kinds also sees everything `other` needs (a
+    /// candidate run beside the live version).
+    pub fn covers(&self, other: &Kinds) -> bool {
+        let children = self.all_children();
+        self.parent == other.parent
+            && other.children.iter().all(|k| children.contains(k))
+            && other.related.iter().all(|(k, meta)| {
+                self.related
+                    .iter()
+                    .any(|(mine, my_meta)| mine == k && (!*my_meta || *meta))
+            })
+    }
+
+    /// These kinds, with what `other` adds after them: what a controller watches to run both.
+    /// A related kind one reads in full and the other as metadata is read in full.
+    pub fn union(&self, other: &Kinds) -> Kinds {
+        let mut out = self.clone();
+        for k in other.all_children() {
+            if !out.children.contains(&k) && !out.retired.contains(&k) {
+                out.children.push(k);
+            }
+        }
+        for (k, meta) in &other.related {
+            match out.related.iter_mut().find(|(mine, _)| mine == k) {
+                Some((_, my_meta)) => *my_meta = *my_meta && *meta,
+                None => out.related.push((k.clone(), *meta)),
+            }
+        }
+        out
+    }
+
     /// The scope of a declared child or related kind, for validation.
     pub fn scope_of(&self, kind: &KindRef) -> Option<Scope> {
         self.children
@@ -205,5 +236,26 @@ mod tests {
         for group in ["cache.example.com", "test.wasmop.io", "k8s.io.example.com"] {
             assert!(!kind(group).is_builtin(), "{group:?}");
         }
+    }
+
+    #[test]
+    fn a_union_watches_what_both_versions_need() {
+        let (deploy, service, pod) = (kind("apps"), kind(""), kind("x.example.com"));
+        let v1 = Kinds {
+            parent: kind("cache.example.com"),
+            children: vec![deploy.clone()],
+            related: vec![(pod.clone(), true)],
+            retired: vec![],
+        };
+        let v2 = Kinds {
+            children: vec![deploy.clone(), service.clone()],
+            related: vec![(pod.clone(), false)],
+            ..v1.clone()
+        };
+        assert!(!v1.covers(&v2) && v2.covers(&v1));
+        let both = v1.union(&v2);
+        assert_eq!(both.children, vec![deploy, service]);
+        assert_eq!(both.related, vec![(pod, false)]);
+        assert!(both.covers(&v1) && both.covers(&v2));
     }
 }

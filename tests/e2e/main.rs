@@ -14,4 +14,5 @@ mod identity;
 mod in_process;
 mod leader;
 mod memcached;
+mod rollout;
 mod swap;

@@ -4,6 +4,7 @@ pub mod inspect;
 pub mod package;
 pub mod rbac;
 pub mod render;
+pub mod rollout;
 pub mod run;
 
 use crate::cli::{Cli, Command};
@@ -16,6 +17,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Inspect(args) => inspect::run(args),
         Command::Package(args) => package::run(args),
         Command::Rbac(args) => rbac::run(args),
+        Command::Rollout(args) => rollout::run(args),
     }
 }
 

@@ -5,6 +5,10 @@
 //! [`queue::Queue`] with bounded concurrency. A new plugin version with the same kinds is
 //! [`ControllerHandle::swap`]ped in without restarting anything: calls in flight finish on the
 //! old version, and every parent is reconciled again with the new one.
+//!
+//! A candidate revision can run beside the live one ([`ControllerHandle::route`]): it
+//! reconciles the parents a canary's weight covers ([`crate::plugin::rollout::serves`]), the
+//! live one the rest, and the controller tallies how the candidate's reconciles end.
 
 pub mod error;
 pub mod ledger;
@@ -32,7 +36,9 @@ use crate::client::Fence;
 use crate::config;
 use crate::kinds::{self, Kinds, ResolvedKind};
 use crate::plugin::Loaded;
+use crate::plugin::rollout::{Report, Tally, serves};
 use crate::telemetry::events::Events;
+use crate::text::truncate;
 use crate::watch::{Cache, Change, Hub, Missing, ObjKey, Subscription, key_of};
 use queue::{Backoff, Queue, Reason};
 pub use supervisor::Supervisor;
@@ -65,6 +71,8 @@ impl Default for Config {
 
 enum Command {
     Swap(Box<Loaded>),
+    /// Run this candidate at this weight beside the live version, or none.
+    Route(Option<(Box<Loaded>, u8)>),
     /// Stop; with `release`, take the plugin's finalizer off every parent first.
     Stop {
         release: bool,
@@ -83,6 +91,10 @@ pub struct ControllerHandle {
     missing: Vec<(String, Missing)>,
     // How its task ended by itself, once [`ControllerHandle::death`] has seen it.
     died: Option<String>,
+    // The parents, to count a canary's share.
+    parents: Arc<Cache>,
+    // The candidate's weight and what its reconciles showed, while one runs.
+    tally: Arc<Mutex<Option<(u8, Tally)>>>,
 }
 
 impl ControllerHandle {
@@ -135,6 +147,48 @@ impl ControllerHandle {
     pub fn swap(&mut self, loaded: Loaded) {
         self.loaded = loaded.clone();
         let _ = self.commands.send(Command::Swap(Box::new(loaded)));
+    }
+
+    /// Runs `candidate` beside the live version for the parents `weight` percent covers, or,
+    /// with `None`, the live version alone again. Every parent whose version changes is
+    /// reconciled again at once.
+    pub fn route(&mut self, candidate: Option<(Loaded, u8)>) {
+        let _ = self
+            .commands
+            .send(Command::Route(candidate.map(|(l, w)| (Box::new(l), w))));
+    }
+
+    /// What the candidate has shown at its current weight, while one runs.
+    pub fn canary_report(&self) -> Option<Report> {
+        let tally = self.tally.lock().expect("tally lock");
+        let (weight, tally) = tally.as_ref()?;
+        let covered: Vec<ObjKey> = self
+            .parents
+            .list(None, |p| {
+                serves(
+                    *weight,
+                    p.metadata.namespace.as_deref(),
+                    p.metadata.name.as_deref().unwrap_or_default(),
+                )
+            })
+            .iter()
+            .map(|p| key_of(p))
+            .collect();
+        let name = |(ns, name): &ObjKey| match ns {
+            Some(ns) => format!("{ns}/{name}"),
+            None => name.clone(),
+        };
+        Some(Report {
+            share: covered.len(),
+            reconciled: covered
+                .iter()
+                .filter(|k| tally.reconciled.contains(*k))
+                .count(),
+            failed: covered
+                .iter()
+                .filter_map(|k| Some((name(k), tally.failed.get(k)?.clone())))
+                .collect(),
+        })
     }
 
     /// Stops taking work, waits for reconciles in flight, and drops the watches. With
@@ -259,7 +313,11 @@ pub fn spawn(
     });
     let (tx, rx) = mpsc::unbounded_channel();
     let name = loaded.plugin.manifest().name.clone();
+    let tally = Arc::new(Mutex::new(None));
+    let parents = shared.parents.clone();
     let runner = Runner {
+        canary: None,
+        tally: tally.clone(),
         shared,
         loaded: loaded.clone(),
         config,
@@ -287,6 +345,8 @@ pub fn spawn(
         synced,
         missing,
         died: None,
+        parents,
+        tally,
     }
 }
 
@@ -298,8 +358,13 @@ struct Runner {
     // Reconciles start only while it is open: see [`crate::client::Fence`].
     fence: Fence,
     running: JoinSet<(ObjKey, Result<reconcile::Outcome, error::Error>)>,
-    // Which parent each running task reconciles, for a task that panics.
-    tasks: HashMap<tokio::task::Id, ObjKey>,
+    // Which parent each running task reconciles (for a task that panics), and whether with
+    // the candidate (its digest).
+    tasks: HashMap<tokio::task::Id, (ObjKey, Option<String>)>,
+    // A candidate revision and the share of parents it serves.
+    canary: Option<(Loaded, u8)>,
+    // How the candidate's reconciles ended, shared with the handle.
+    tally: Arc<Mutex<Option<(u8, Tally)>>>,
     parents: HashMap<ObjKey, ParentState>,
 }
 
@@ -454,6 +519,7 @@ impl Runner {
                     _ = &mut synced => break swapped,
                     cmd = commands.recv() => match cmd {
                         Some(Command::Swap(loaded)) => swapped = Some(*loaded),
+                        Some(Command::Route(route)) => self.set_canary(route),
                         // Nothing reconciled yet, and no cache to release finalizers from.
                         Some(Command::Stop { ack, .. }) => { let _ = ack.send(()); return; }
                         None => return,
@@ -490,22 +556,25 @@ impl Runner {
                 Some((role, change)) = changes.next() => self.on_change(role, change),
                 cmd = commands.recv(), if stop.is_none() => match cmd {
                     Some(Command::Swap(loaded)) => self.on_swap(*loaded),
+                    Some(Command::Route(route)) => self.on_route(route),
                     Some(Command::Stop { release, ack }) => stop = Some((release, ack)),
                     None => break,
                 },
                 Some(done) = self.running.join_next_with_id(), if !self.running.is_empty() => {
                     match done {
                         Ok((id, (key, result))) => {
-                            self.tasks.remove(&id);
+                            let candidate = self.tasks.remove(&id).and_then(|(_, c)| c);
+                            self.count_candidate(candidate.as_deref(), &key, &result);
                             self.on_done(key, result);
                         }
                         // The parent must not stay in flight for good: it is retried.
                         Err(e) => match self.tasks.remove(&e.id()) {
-                            Some(key) => {
+                            Some((key, candidate)) => {
                                 tracing::error!(parent = %key.1, error = %e, "reconcile task panicked; retrying with backoff");
                                 let error = error::ReconcileError::Panicked(e.to_string());
-                                let failed = error::Error { parent: key.clone(), error: Box::new(error) };
-                                self.on_done(key, Err(failed));
+                                let failed = Err(error::Error { parent: key.clone(), error: Box::new(error) });
+                                self.count_candidate(candidate.as_deref(), &key, &failed);
+                                self.on_done(key, failed);
                             }
                             None => tracing::error!(error = %e, "reconcile task panicked"),
                         },
@@ -551,13 +620,18 @@ impl Runner {
             state.in_flight = true;
             let may_defer = !state.status_deferred;
             let shared = self.shared.clone();
-            let loaded = self.loaded.clone();
+            let candidate = self
+                .canary
+                .as_ref()
+                .filter(|(_, weight)| serves(*weight, key.0.as_deref(), &key.1));
+            let by_candidate = candidate.map(|(l, _)| l.plugin.digest().to_owned());
+            let loaded = candidate.map_or(&self.loaded, |(l, _)| l).clone();
             let parent = key.clone();
             let task = self.running.spawn(async move {
                 let result = reconcile::run(&shared, &loaded, &key, &reason, may_defer).await;
                 (key, result)
             });
-            self.tasks.insert(task.id(), parent);
+            self.tasks.insert(task.id(), (parent, by_candidate));
         }
     }
 
@@ -633,6 +707,90 @@ impl Runner {
         for parent in self.shared.parents.list(None, |_| true) {
             self.queue
                 .schedule(key_of(&parent), now, Reason::PluginSwapped);
+        }
+    }
+
+    /// Sets the candidate without rescheduling anything (before the caches are synced).
+    fn set_canary(&mut self, route: Option<(Box<Loaded>, u8)>) {
+        let route = route.map(|(l, w)| (*l, w));
+        let mut tally = self.tally.lock().expect("tally lock");
+        *tally = match &route {
+            None => None,
+            Some((loaded, weight)) => {
+                let digest = loaded.plugin.digest();
+                let same = tally.take().filter(|(_, t)| t.digest == digest);
+                Some((
+                    *weight,
+                    same.map(|(_, t)| t).unwrap_or_else(|| Tally {
+                        digest: digest.to_owned(),
+                        ..Tally::default()
+                    }),
+                ))
+            }
+        };
+        drop(tally);
+        self.canary = route;
+    }
+
+    /// Changes the candidate or its weight, and reconciles every parent whose version changes
+    /// at once.
+    fn on_route(&mut self, route: Option<(Box<Loaded>, u8)>) {
+        let before = self
+            .canary
+            .as_ref()
+            .map(|(l, w)| (l.plugin.digest().to_owned(), *w));
+        let after = route
+            .as_ref()
+            .map(|(l, w)| (l.plugin.digest().to_owned(), *w));
+        match &after {
+            Some((_, w)) => {
+                tracing::info!(weight = w, candidate = %route.as_ref().map(|(l, _)| l.describe()).unwrap_or_default(), "canary weight set")
+            }
+            None => tracing::info!("candidate dropped; the live version reconciles every parent"),
+        }
+        self.set_canary(route);
+        let now = Instant::now();
+        let same = matches!((&before, &after), (Some((a, _)), Some((b, _))) if a == b);
+        for parent in self.shared.parents.list(None, |_| true) {
+            let key = key_of(&parent);
+            let on = |route: &Option<(String, u8)>| {
+                route
+                    .as_ref()
+                    .is_some_and(|(_, w)| serves(*w, key.0.as_deref(), &key.1))
+            };
+            let (was, is) = (on(&before), on(&after));
+            if (same && was != is) || (!same && (was || is)) {
+                self.queue.schedule(key, now, Reason::PluginSwapped);
+            }
+        }
+    }
+
+    /// Records in the tally how a reconcile by the candidate ended.
+    fn count_candidate(
+        &self,
+        candidate: Option<&str>,
+        key: &ObjKey,
+        result: &Result<reconcile::Outcome, error::Error>,
+    ) {
+        let Some(digest) = candidate else {
+            return;
+        };
+        let mut tally = self.tally.lock().expect("tally lock");
+        // A reconcile by a candidate since replaced says nothing of the new one.
+        let Some((_, tally)) = tally.as_mut().filter(|(_, t)| t.digest == digest) else {
+            return;
+        };
+        tally.reconciled.insert(key.clone());
+        match result {
+            Ok(_) => {
+                tally.failed.remove(key);
+            }
+            Err(e) => {
+                tally.failed.insert(
+                    key.clone(),
+                    truncate(format!("{}: {}", e.error.reason(), e.error), 300),
+                );
+            }
         }
     }
 

@@ -18,7 +18,8 @@ use super::{Config, ControllerHandle, release, spawn};
 use crate::client::Fence;
 use crate::kinds::{Kinds, ResolvedKind, resolve_one};
 use crate::plugin::access;
-use crate::plugin::{Activation, Loaded, Supervise};
+use crate::plugin::rollout::Report;
+use crate::plugin::{Activation, Canary, Loaded, Supervise};
 use crate::telemetry::health::Health;
 use crate::watch::Hub;
 
@@ -206,6 +207,37 @@ impl Supervise for Supervisor {
             revived.push((configmap, how));
         }
         revived
+    }
+
+    fn route<'a>(&'a mut self, configmap: &'a str, canary: Option<Canary>) -> BoxFuture<'a, ()> {
+        async move {
+            let Some(handle) = self.running.get_mut(configmap) else {
+                return;
+            };
+            let Some(canary) = canary else {
+                handle.route(None);
+                return;
+            };
+            if handle.kinds().covers(&canary.kinds) {
+                handle.route(Some((canary.loaded, canary.weight)));
+                return;
+            }
+            // The candidate needs kinds the live version does not watch: one controller over
+            // both, the candidate's first, so that promoting it is a swap.
+            let handle = self.running.remove(configmap).expect("found above");
+            let mut kinds = canary.kinds.union(handle.kinds());
+            self.retire_recorded(configmap, &mut kinds).await;
+            let live = handle.loaded().clone();
+            handle.stop(false).await;
+            let mut fresh = self.spawn(kinds, live);
+            fresh.route(Some((canary.loaded, canary.weight)));
+            self.running.insert(configmap.to_string(), fresh);
+        }
+        .boxed()
+    }
+
+    fn canary_report(&self, configmap: &str) -> Option<Report> {
+        self.running.get(configmap)?.canary_report()
     }
 
     fn is_synced(&self, configmap: &str) -> bool {

@@ -33,15 +33,31 @@ pub struct Loaded {
     /// Rights the identity lacks that the plugin can run without (a child kind, Events):
     /// those writes fail on the parents with `Forbidden`.
     pub withheld: Option<Missing>,
+    /// The number of its revision, once recorded (see [`super::revision`]).
+    pub revision: Option<i64>,
 }
 
 impl Loaded {
-    /// `name version (sha256:abcdef012345)` for logs, Events and conditions.
+    /// `name version (sha256:abcdef012345)` for logs, Events and conditions, with `, revision
+    /// N` once it has one.
     pub fn describe(&self) -> String {
         let m = self.plugin.manifest();
         let digest = self.plugin.digest();
         let short = &digest[..digest.len().min(19)];
-        format!("{} {} ({short})", m.name, m.version)
+        match self.revision {
+            Some(n) => format!("{} {} ({short}), revision {n}", m.name, m.version),
+            None => format!("{} {} ({short})", m.name, m.version),
+        }
+    }
+
+    /// True when both are the same version with the same settings and limits: swapping one
+    /// for the other would change nothing.
+    pub fn same_as(&self, other: &Loaded) -> bool {
+        self.plugin.digest() == other.plugin.digest()
+            && self.settings == other.settings
+            && self.resync == other.resync
+            && self.plugin.limits() == other.plugin.limits()
+            && self.revision == other.revision
     }
 }
 
@@ -153,6 +169,7 @@ impl Loader {
             resync: source.resync.unwrap_or(self.resync),
             identity,
             withheld,
+            revision: None,
         };
         Ok((loaded, kinds))
     }

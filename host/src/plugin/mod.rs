@@ -1,16 +1,20 @@
 //! Plugins from ConfigMaps: read the bytes ([`source`]), compile and check them in the
 //! sandbox and check the host may do what they need ([`load`], [`access`]), and follow the
-//! ConfigMaps, handing every good version to whoever runs controllers ([`registry`]).
+//! ConfigMaps, handing every good version to whoever runs controllers ([`registry`]), each
+//! recorded as a revision in the cluster ([`revision`]) and rolled out as its ConfigMap asks
+//! ([`rollout`]).
 
 pub mod access;
 pub mod identity;
 pub mod load;
 pub mod notice;
 pub mod registry;
+pub mod revision;
+pub mod rollout;
 pub mod source;
 
 pub use identity::Identity;
 pub use load::{LoadError, Loaded, Loader};
 pub use notice::Notice;
-pub use registry::{Activation, Registry, State, Status, Supervise};
+pub use registry::{Activation, Canary, Registry, State, Status, Supervise};
 pub use source::{PLUGIN_LABEL, PluginSource};

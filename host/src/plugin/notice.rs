@@ -17,6 +17,12 @@ pub enum Notice {
     /// A version waits for the host or its identity to be granted what it needs, or runs
     /// without some rights its identity lacks.
     Forbidden,
+    /// A candidate revision serves a share of the parents (a canary step began).
+    Canary,
+    /// A candidate was rolled back: its canary failed its health gate, or was aborted.
+    RolloutAborted,
+    /// Revisions could not be read or written.
+    RevisionFailed,
 }
 
 impl Notice {
@@ -28,13 +34,16 @@ impl Notice {
             Notice::LoadFailed => "LoadFailed",
             Notice::WaitingForKinds => "WaitingForKinds",
             Notice::Forbidden => "Forbidden",
+            Notice::Canary => "Canary",
+            Notice::RolloutAborted => "RolloutAborted",
+            Notice::RevisionFailed => "RevisionFailed",
         }
     }
 
     /// Normal for a version that runs, Warning otherwise.
     pub fn event_type(self) -> EventType {
         match self {
-            Notice::Loaded | Notice::Swapped => EventType::Normal,
+            Notice::Loaded | Notice::Swapped | Notice::Canary => EventType::Normal,
             _ => EventType::Warning,
         }
     }

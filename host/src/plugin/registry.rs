@@ -21,6 +21,7 @@ use std::sync::Arc;
 use futures::StreamExt;
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::runtime::events::{Event, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -30,6 +31,8 @@ use wasmop_contract::Manifest;
 
 use super::load::{LoadError, Loaded, Loader};
 use super::notice::Notice;
+use super::revision::{Mark, Phase, Revision, RevisionError, Revisions};
+use super::rollout::{self, Plan, Report, Rollout, Strategy, Verdict};
 use super::source::{self, PLUGIN_LABEL, PluginSource};
 use crate::config;
 use crate::kinds::Kinds;
@@ -93,6 +96,23 @@ pub trait Supervise: Send {
     fn revive(&mut self) -> Vec<(String, String)>;
     /// Whether the caches of what runs for `configmap` are synced (`true` if nothing runs).
     fn is_synced(&self, configmap: &str) -> bool;
+    /// Runs `canary` beside what runs for `configmap`, for the parents its weight covers, or,
+    /// with `None`, what runs alone again: the parents whose version changes are reconciled
+    /// again at once.
+    fn route<'a>(&'a mut self, configmap: &'a str, canary: Option<Canary>) -> BoxFuture<'a, ()>;
+    /// What the candidate of `configmap` has shown at its current weight.
+    fn canary_report(&self, configmap: &str) -> Option<Report>;
+}
+
+/// A candidate revision to run beside the live one.
+#[derive(Clone)]
+pub struct Canary {
+    /// The candidate.
+    pub loaded: Loaded,
+    /// Its kinds.
+    pub kinds: Kinds,
+    /// The share of parents it serves, in percent.
+    pub weight: u8,
 }
 
 struct Slot {
@@ -109,6 +129,19 @@ struct Slot {
     running: Option<Loaded>,
     // Its controller was stopped because its kinds are no longer served.
     paused: bool,
+    // A candidate rolling out beside the running version.
+    candidate: Option<Candidate>,
+}
+
+/// A revision rolling out as a canary.
+struct Candidate {
+    loaded: Loaded,
+    kinds: Kinds,
+    revision: Revision,
+    rollout: Rollout,
+    // The step (0-based) and when it started.
+    step: usize,
+    started: Timestamp,
 }
 
 enum Msg {
@@ -142,6 +175,7 @@ pub struct Registry {
     health: Health,
     // The last number given to a slot's source.
     last_seq: u64,
+    revisions: Revisions,
 }
 
 impl Registry {
@@ -158,6 +192,7 @@ impl Registry {
         health: Health,
     ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
+        let (client_for_revisions, namespace_for_revisions) = (client.clone(), namespace.clone());
         Registry {
             notices: Events::distinct(client.clone(), reporter),
             client,
@@ -173,6 +208,7 @@ impl Registry {
             listed: false,
             health,
             last_seq: 0,
+            revisions: Revisions::new(client_for_revisions, &namespace_for_revisions),
         }
     }
 
@@ -211,6 +247,7 @@ impl Registry {
                     for (configmap, kinds) in self.supervisor.vanished() {
                         self.pause(&configmap, &kinds).await;
                     }
+                    self.judge_canaries().await;
                 },
                 Some(msg) = self.rx.recv() => self.on_msg(msg).await,
                 ev = events.next() => {
@@ -265,6 +302,7 @@ impl Registry {
             state: State::Loading,
             running: None,
             paused: false,
+            candidate: None,
         });
         slot.configmap = cm;
         let source = match source {
@@ -367,6 +405,8 @@ impl Registry {
         }
     }
 
+    /// Records the revision that loaded and decides, as its ConfigMap's rollout asks, whether
+    /// it goes live, rolls out as a canary, or waits (an aborted revision).
     async fn activate(&mut self, configmap: &str, loaded: Loaded, kinds: Kinds) {
         let others = self
             .slots
@@ -381,7 +421,452 @@ impl Registry {
             self.event(&cm, Notice::LoadFailed, &msg);
             return;
         }
+        let slot = self.slots.get(configmap).expect("slot exists");
+        let Some(source) = slot.latest.clone() else {
+            return;
+        };
+        let rollout = source.rollout.clone();
+        let manifest = loaded.plugin.manifest();
+        let recorded = self
+            .revisions
+            .record(
+                configmap,
+                &source.parts,
+                &manifest.version,
+                loaded.plugin.digest(),
+            )
+            .await;
+        let (this, all) = match recorded {
+            Ok(found) => found,
+            Err(e) => return self.unrecorded(configmap, loaded, kinds, &rollout, e).await,
+        };
+        let live = all.iter().rev().find(|r| r.phase == Phase::Live).cloned();
+        match rollout::plan(&this, live.as_ref(), &rollout) {
+            Plan::Run => {
+                self.go_live(configmap, loaded, kinds, this, &all, &rollout, None)
+                    .await
+            }
+            Plan::Canary { step } => {
+                let Some(live) = live else { return };
+                if self.ensure_live(configmap, &live).await {
+                    self.canary(configmap, loaded, kinds, this, rollout, step)
+                        .await;
+                }
+            }
+            Plan::Hold(why) => {
+                let Some(live) = live else { return };
+                self.drop_candidate(configmap, &this).await;
+                if self.ensure_live(configmap, &live).await {
+                    self.fail(configmap, Notice::RolloutAborted, why);
+                }
+            }
+            Plan::Abort(why) => {
+                let Some(live) = live else { return };
+                self.abort(configmap, Some(&this), why).await;
+                self.ensure_live(configmap, &live).await;
+            }
+        }
+    }
 
+    /// A version whose revision could not be recorded still goes live at once when that is
+    /// its strategy; a staged one waits, since nothing would keep its progress.
+    async fn unrecorded(
+        &mut self,
+        configmap: &str,
+        loaded: Loaded,
+        kinds: Kinds,
+        rollout: &Rollout,
+        error: RevisionError,
+    ) {
+        if rollout.strategy == Strategy::Immediate {
+            let msg = format!(
+                "{error}; {} goes live without a revision (no history or undo for it)",
+                loaded.describe()
+            );
+            tracing::warn!(configmap, "{msg}");
+            self.notify(configmap, Notice::RevisionFailed, &msg);
+            self.run_live(configmap, loaded, kinds).await;
+            return;
+        }
+        let Some(slot) = self.slots.get_mut(configmap) else {
+            return;
+        };
+        let msg = format!(
+            "{error}; a canary needs its revision recorded: checking again every {}s",
+            config::ACCESS_RETRY.as_secs()
+        );
+        let first = slot.state != State::Waiting(msg.clone());
+        slot.state = State::Waiting(msg.clone());
+        let seq = slot.seq;
+        if first {
+            tracing::warn!(configmap, "{msg}");
+            self.notify(configmap, Notice::RevisionFailed, &msg);
+        }
+        self.retry(configmap, seq, config::ACCESS_RETRY);
+    }
+
+    /// Makes `this` revision live for every parent: ends any canary, records the phases
+    /// (the old live revision retired, one made live again renumbered) and prunes the history.
+    #[allow(clippy::too_many_arguments)]
+    async fn go_live(
+        &mut self,
+        configmap: &str,
+        mut loaded: Loaded,
+        kinds: Kinds,
+        this: Revision,
+        all: &[Revision],
+        rollout: &Rollout,
+        note: Option<String>,
+    ) {
+        let top = all.iter().map(|r| r.number).max().unwrap_or(this.number);
+        let renumber = matches!(this.phase, Phase::Retired | Phase::Aborted) && this.number < top;
+        let number = if renumber { top + 1 } else { this.number };
+        loaded.revision = Some(number);
+        let slot = self.slots.get_mut(configmap).expect("slot exists");
+        let candidate = slot.candidate.take();
+        let unchanged = slot.running.as_ref().is_some_and(|r| r.same_as(&loaded));
+        if unchanged {
+            slot.state = State::Running;
+        } else {
+            self.run_live(configmap, loaded, kinds).await;
+        }
+        if candidate.is_some() {
+            self.supervisor.route(configmap, None).await;
+        }
+        let mut marks = Vec::new();
+        if this.phase != Phase::Live || renumber || note.is_some() {
+            marks.push((
+                this.name.clone(),
+                Mark {
+                    phase: Some(Phase::Live),
+                    number: renumber.then_some(number),
+                    step: None,
+                    note: Some(note.unwrap_or_default()),
+                },
+            ));
+        }
+        for r in all.iter().filter(|r| r.name != this.name) {
+            let phase = match r.phase {
+                Phase::Live => Phase::Retired,
+                Phase::Candidate => Phase::Aborted,
+                _ => continue,
+            };
+            let note = (phase == Phase::Aborted)
+                .then(|| format!("superseded by revision {number} before its canary ended"));
+            marks.push((
+                r.name.clone(),
+                Mark {
+                    phase: Some(phase),
+                    number: None,
+                    step: None,
+                    note,
+                },
+            ));
+        }
+        self.write_marks(configmap, marks).await;
+        let mut after = all.to_vec();
+        for r in after.iter_mut() {
+            if r.name == this.name {
+                r.phase = Phase::Live;
+                r.number = number;
+            } else if matches!(r.phase, Phase::Live | Phase::Candidate) {
+                r.phase = Phase::Retired;
+            }
+        }
+        if let Err(e) = self.revisions.prune(&after, rollout.history).await {
+            tracing::warn!(configmap, error = %e, "could not prune old revisions");
+        }
+    }
+
+    async fn write_marks(&mut self, configmap: &str, marks: Vec<(String, Mark)>) {
+        for (name, mark) in marks {
+            if let Err(e) = self.revisions.mark(&name, mark).await {
+                let msg = e.to_string();
+                tracing::warn!(configmap, error = %msg, "could not record a revision's phase");
+                self.notify(configmap, Notice::RevisionFailed, &msg);
+            }
+        }
+    }
+
+    /// Makes sure the `live` revision is what runs for `configmap`, loading it from the
+    /// cluster when the ConfigMap holds another (a canary, or an aborted revision, after a
+    /// restart). `false` when it could not be loaded: nothing runs then, and the state says why.
+    async fn ensure_live(&mut self, configmap: &str, live: &Revision) -> bool {
+        let slot = self.slots.get(configmap).expect("slot exists");
+        if slot
+            .running
+            .as_ref()
+            .is_some_and(|r| r.revision == Some(live.number) && r.plugin.digest() == live.digest)
+        {
+            return true;
+        }
+        let loaded = match self.revisions.configmap(&live.name).await {
+            Ok(cm) => match source::read(&cm, &self.defaults) {
+                Ok(source) => self.loader.load(source).await.map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            },
+            Err(e) => Err(e.to_string()),
+        };
+        match loaded {
+            Ok((mut loaded, kinds)) => {
+                loaded.revision = Some(live.number);
+                self.run_live(configmap, loaded, kinds).await;
+                true
+            }
+            Err(e) => {
+                let msg = format!("the live revision {} could not be loaded: {e}", live.number);
+                self.fail(configmap, Notice::RevisionFailed, msg);
+                false
+            }
+        }
+    }
+
+    /// Runs `this` revision as a canary at `step`, beside the live one.
+    async fn canary(
+        &mut self,
+        configmap: &str,
+        mut loaded: Loaded,
+        kinds: Kinds,
+        this: Revision,
+        rollout: Rollout,
+        step: usize,
+    ) {
+        self.drop_candidate(configmap, &this).await;
+        loaded.revision = Some(this.number);
+        let slot = self.slots.get_mut(configmap).expect("slot exists");
+        let same_step = slot
+            .candidate
+            .as_ref()
+            .is_some_and(|c| c.revision.name == this.name && c.step == step);
+        let resumed = this.phase == Phase::Candidate && this.step == Some(step);
+        let started = match (&slot.candidate, resumed, this.step_started) {
+            (Some(c), _, _) if same_step => c.started,
+            (_, true, Some(t)) => t,
+            _ => Timestamp::now(),
+        };
+        slot.candidate = Some(Candidate {
+            loaded,
+            kinds,
+            revision: this,
+            rollout,
+            step,
+            started,
+        });
+        slot.state = State::Running;
+        if !same_step {
+            self.step(configmap, step, started, resumed).await;
+        }
+    }
+
+    /// Sends the candidate's weight for `step` to its controller, records it on its revision
+    /// and says so in an Event.
+    async fn step(&mut self, configmap: &str, step: usize, started: Timestamp, resumed: bool) {
+        let Some(c) = self
+            .slots
+            .get_mut(configmap)
+            .and_then(|s| s.candidate.as_mut())
+        else {
+            return;
+        };
+        c.step = step;
+        c.started = started;
+        let weight = c.rollout.steps[step];
+        let steps = c.rollout.steps.len();
+        let canary = Canary {
+            loaded: c.loaded.clone(),
+            kinds: c.kinds.clone(),
+            weight,
+        };
+        let name = c.revision.name.clone();
+        let msg = format!(
+            "{} {} {weight}% of parents (step {} of {steps}); the rest stay on {}",
+            c.loaded.describe(),
+            if resumed { "still serves" } else { "serves" },
+            step + 1,
+            self.slots[configmap]
+                .running
+                .as_ref()
+                .map(Loaded::describe)
+                .unwrap_or_default(),
+        );
+        self.supervisor.route(configmap, Some(canary)).await;
+        if !resumed {
+            let mark = Mark {
+                phase: Some(Phase::Candidate),
+                number: None,
+                step: Some((step, steps, weight, started)),
+                note: Some(String::new()),
+            };
+            self.write_marks(configmap, vec![(name, mark)]).await;
+        }
+        tracing::info!(configmap, "{msg}");
+        self.notify(configmap, Notice::Canary, &msg);
+    }
+
+    /// Moves every canary on, promotes it or aborts it, as its health gate says.
+    async fn judge_canaries(&mut self) {
+        let names: Vec<String> = self
+            .slots
+            .iter()
+            .filter(|(_, s)| s.candidate.is_some())
+            .map(|(n, _)| n.clone())
+            .collect();
+        for configmap in names {
+            // Before its caches are synced a controller sees no parents: no evidence either way.
+            if !self.supervisor.is_synced(&configmap) {
+                continue;
+            }
+            let Some(report) = self.supervisor.canary_report(&configmap) else {
+                continue;
+            };
+            let c = self.slots[&configmap].candidate.as_ref().expect("listed");
+            let elapsed = Timestamp::now()
+                .duration_since(c.started)
+                .try_into()
+                .unwrap_or_default();
+            match rollout::judge(&c.rollout, c.step, elapsed, &report) {
+                Verdict::Wait => {}
+                Verdict::Next(step) => self.step(&configmap, step, Timestamp::now(), false).await,
+                Verdict::Promote => self.promote(&configmap).await,
+                Verdict::Abort(why) => self.abort(&configmap, None, why).await,
+            }
+        }
+    }
+
+    /// Makes the candidate live after its last step.
+    async fn promote(&mut self, configmap: &str) {
+        let Some(c) = self.slots.get(configmap).and_then(|s| s.candidate.as_ref()) else {
+            return;
+        };
+        let (loaded, kinds, revision, rollout) = (
+            c.loaded.clone(),
+            c.kinds.clone(),
+            c.revision.clone(),
+            c.rollout.clone(),
+        );
+        let all = match self.revisions.list(configmap).await {
+            Ok(all) => all,
+            Err(e) => {
+                // The canary goes on as it is; the next tick tries again.
+                tracing::warn!(configmap, error = %e, "could not read the revisions to promote the candidate");
+                return;
+            }
+        };
+        let this = all
+            .iter()
+            .find(|r| r.name == revision.name)
+            .cloned()
+            .unwrap_or(revision);
+        let steps: Vec<String> = rollout.steps.iter().map(|w| format!("{w}%")).collect();
+        let note = format!(
+            "promoted after {} canary steps ({})",
+            steps.len(),
+            steps.join(", ")
+        );
+        self.go_live(configmap, loaded, kinds, this, &all, &rollout, Some(note))
+            .await;
+    }
+
+    /// Rolls the candidate back (or marks `this` aborted when no canary of it runs): the
+    /// parents it reconciled are reconciled again by the live revision.
+    async fn abort(&mut self, configmap: &str, this: Option<&Revision>, why: String) {
+        let candidate = self
+            .slots
+            .get_mut(configmap)
+            .and_then(|s| s.candidate.take());
+        let (name, number, what, step) = match (&candidate, this) {
+            (Some(c), _) => (
+                c.revision.name.clone(),
+                c.revision.number,
+                c.loaded.describe(),
+                format!(" at step {} ({}%)", c.step + 1, c.rollout.steps[c.step]),
+            ),
+            (None, Some(t)) => (
+                t.name.clone(),
+                t.number,
+                format!("revision {}", t.number),
+                String::new(),
+            ),
+            (None, None) => return,
+        };
+        if candidate.is_some() {
+            self.supervisor.route(configmap, None).await;
+        }
+        let mark = Mark {
+            phase: Some(Phase::Aborted),
+            number: None,
+            step: None,
+            note: Some(why.clone()),
+        };
+        self.write_marks(configmap, vec![(name, mark)]).await;
+        let live = self.slots[configmap]
+            .running
+            .as_ref()
+            .map(Loaded::describe)
+            .unwrap_or_default();
+        let msg = format!(
+            "rolled back {what}{step}: {why}; the parents it reconciled are reconciled again with {live}. Revision {number} runs again only when promoted (wasmop rollout promote {configmap})"
+        );
+        self.fail(configmap, Notice::RolloutAborted, msg);
+    }
+
+    /// Ends the canary of a revision other than `this` (the ConfigMap moved on from it).
+    async fn drop_candidate(&mut self, configmap: &str, this: &Revision) {
+        let Some(slot) = self.slots.get_mut(configmap) else {
+            return;
+        };
+        if slot
+            .candidate
+            .as_ref()
+            .is_none_or(|c| c.revision.name == this.name)
+        {
+            return;
+        }
+        let c = slot.candidate.take().expect("checked");
+        self.supervisor.route(configmap, None).await;
+        let mark = Mark {
+            phase: Some(Phase::Aborted),
+            number: None,
+            step: None,
+            note: Some(format!(
+                "superseded by revision {} before its canary ended",
+                this.number
+            )),
+        };
+        self.write_marks(configmap, vec![(c.revision.name, mark)])
+            .await;
+    }
+
+    /// Sets a failed state with `msg` and says so in an Event (once per distinct message).
+    fn fail(&mut self, configmap: &str, notice: Notice, msg: String) {
+        let Some(slot) = self.slots.get_mut(configmap) else {
+            return;
+        };
+        if slot.state == State::Failed(msg.clone()) {
+            return;
+        }
+        tracing::warn!(configmap, "{msg}");
+        slot.state = State::Failed(msg.clone());
+        self.notify(configmap, notice, &msg);
+    }
+
+    fn notify(&self, configmap: &str, notice: Notice, msg: &str) {
+        if let Some(slot) = self.slots.get(configmap) {
+            self.event(&slot.configmap, notice, msg);
+        }
+    }
+
+    fn retry(&self, configmap: &str, seq: u64, after: std::time::Duration) {
+        let tx = self.tx.clone();
+        let configmap = configmap.to_string();
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            let _ = tx.send(Msg::Retry { configmap, seq });
+        });
+    }
+
+    /// Runs `loaded` for every parent, replacing what ran, and says so.
+    async fn run_live(&mut self, configmap: &str, loaded: Loaded, kinds: Kinds) {
         let activation = self.supervisor.run(configmap, loaded.clone(), kinds).await;
         let slot = self.slots.get_mut(configmap).expect("slot exists");
         let mut previous = slot.running.replace(loaded.clone());

@@ -5,16 +5,21 @@
 //! - `settings.yaml` (in `data`): handed to every reconcile as `settings`;
 //! - annotations [`DEADLINE_ANNOTATION`], [`MEMORY_ANNOTATION`], [`RESPONSE_ANNOTATION`] and
 //!   [`RESYNC_ANNOTATION`] override the host's defaults for this plugin, each within its
-//!   range in [`crate::config`] (a value past it would overflow a byte count or a clock).
+//!   range in [`crate::config`] (a value past it would overflow a byte count or a clock);
+//! - the rollout annotations of [`super::rollout`], saying how a new version goes live.
 
+use std::collections::BTreeMap;
 use std::io::Read;
 use std::ops::RangeInclusive;
 use std::time::Duration;
 
 use flate2::read::GzDecoder;
+use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::ConfigMap;
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 
+use super::rollout::{Rollout, RolloutError};
 use crate::config;
 use crate::sandbox::{Limits, digest_of};
 
@@ -51,7 +56,80 @@ pub struct PluginSource {
     pub limits: Limits,
     /// Resync period override, if annotated.
     pub resync: Option<Duration>,
+    /// What of the ConfigMap makes this version, as stored in its revision.
+    pub parts: Parts,
+    /// How it goes live.
+    pub rollout: Rollout,
 }
+
+/// The parts of a plugin ConfigMap that make one version of the plugin: the module as stored,
+/// the settings text and the limit annotations. Equal parts are one revision; the rollout
+/// annotations are not part of it (they say how a revision goes live, not what it is).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Parts {
+    /// The `binaryData` key of the module.
+    pub key: String,
+    /// The module as stored (gzip for a `.wasm.gz` key).
+    pub module: Vec<u8>,
+    /// The `settings.yaml` text, if any.
+    pub settings: Option<String>,
+    /// The limit annotations the ConfigMap sets.
+    pub annotations: BTreeMap<String, String>,
+}
+
+impl Parts {
+    /// A short hash of the parts, naming the revision that holds them.
+    pub fn hash(&self) -> String {
+        let mut h = Sha256::new();
+        for field in [self.key.as_bytes(), &self.module] {
+            h.update((field.len() as u64).to_be_bytes());
+            h.update(field);
+        }
+        match &self.settings {
+            Some(s) => {
+                h.update([1]);
+                h.update((s.len() as u64).to_be_bytes());
+                h.update(s.as_bytes());
+            }
+            None => h.update([0]),
+        }
+        for (k, v) in &self.annotations {
+            h.update((k.len() as u64).to_be_bytes());
+            h.update(k.as_bytes());
+            h.update((v.len() as u64).to_be_bytes());
+            h.update(v.as_bytes());
+        }
+        crate::text::hex(&h.finalize()[..5])
+    }
+
+    /// The parts as a plugin ConfigMap named `name`, which [`read`] reads back.
+    pub fn to_configmap(&self, name: &str) -> ConfigMap {
+        ConfigMap {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.to_owned()),
+                annotations: (!self.annotations.is_empty()).then(|| self.annotations.clone()),
+                ..Default::default()
+            },
+            binary_data: Some(BTreeMap::from([(
+                self.key.clone(),
+                ByteString(self.module.clone()),
+            )])),
+            data: self
+                .settings
+                .as_ref()
+                .map(|s| BTreeMap::from([(SETTINGS_KEY.to_owned(), s.clone())])),
+            ..Default::default()
+        }
+    }
+}
+
+/// The annotations that are part of a revision.
+const LIMIT_ANNOTATIONS: [&str; 4] = [
+    DEADLINE_ANNOTATION,
+    MEMORY_ANNOTATION,
+    RESPONSE_ANNOTATION,
+    RESYNC_ANNOTATION,
+];
 
 impl PluginSource {
     /// True when `other` would load the same plugin with the same settings and limits.
@@ -60,6 +138,7 @@ impl PluginSource {
             && self.settings == other.settings
             && self.limits == other.limits
             && self.resync == other.resync
+            && self.rollout == other.rollout
     }
 }
 
@@ -93,6 +172,9 @@ pub enum SourceError {
         /// What it may be.
         range: RangeInclusive<u64>,
     },
+    /// A rollout annotation is not what it must be.
+    #[error(transparent)]
+    Rollout(#[from] RolloutError),
 }
 
 /// Reads a plugin out of `cm`, starting from the host's `defaults`.
@@ -134,7 +216,8 @@ pub fn read(cm: &ConfigMap, defaults: &Limits) -> Result<PluginSource, SourceErr
         raw.clone()
     };
 
-    let settings = match cm.data.as_ref().and_then(|d| d.get(SETTINGS_KEY)) {
+    let settings_text = cm.data.as_ref().and_then(|d| d.get(SETTINGS_KEY)).cloned();
+    let settings = match &settings_text {
         Some(text) => {
             serde_yaml::from_str::<Value>(text).map_err(|e| SourceError::Settings(e.to_string()))?
         }
@@ -168,6 +251,16 @@ pub fn read(cm: &ConfigMap, defaults: &Limits) -> Result<PluginSource, SourceErr
         limits.response_bytes = kib << 10;
     }
     let resync = number(RESYNC_ANNOTATION, config::RESYNC_SECONDS_RANGE)?.map(Duration::from_secs);
+    let rollout = Rollout::from_annotations(&annotations)?;
+    let parts = Parts {
+        key: key.clone(),
+        module: raw.clone(),
+        settings: settings_text,
+        annotations: LIMIT_ANNOTATIONS
+            .iter()
+            .filter_map(|a| Some((a.to_string(), annotations.get(*a)?.clone())))
+            .collect(),
+    };
 
     Ok(PluginSource {
         configmap,
@@ -177,6 +270,8 @@ pub fn read(cm: &ConfigMap, defaults: &Limits) -> Result<PluginSource, SourceErr
         settings,
         limits,
         resync,
+        parts,
+        rollout,
     })
 }
 
@@ -197,12 +292,10 @@ fn inflate(gz: &[u8]) -> Result<Vec<u8>, String> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
     use std::io::Write;
 
     use flate2::Compression;
     use flate2::write::GzEncoder;
-    use k8s_openapi::ByteString;
     use kube::api::ObjectMeta;
 
     use super::*;
@@ -353,5 +446,37 @@ mod tests {
                 .to_string()
                 .starts_with("settings.yaml: ")
         );
+    }
+
+    #[test]
+    fn parts_name_a_revision_and_read_back() {
+        let with = |settings: &str, ann: &[(&str, &str)]| {
+            read(
+                &cm(
+                    &[("m.wasm", b"\0asm".to_vec())],
+                    &[(SETTINGS_KEY, settings)],
+                    ann,
+                ),
+                &Limits::default(),
+            )
+            .unwrap()
+        };
+        let one = with("image: a\n", &[(DEADLINE_ANNOTATION, "250")]);
+        // Rollout annotations say how a version goes live, not what it is.
+        let staged = with(
+            "image: a\n",
+            &[
+                (DEADLINE_ANNOTATION, "250"),
+                (super::super::rollout::STRATEGY_ANNOTATION, "canary"),
+            ],
+        );
+        assert_eq!(one.parts, staged.parts);
+        assert!(!one.same_as(&staged));
+        assert_ne!(one.parts.hash(), with("image: b\n", &[]).parts.hash());
+        assert_ne!(one.parts.hash(), with("image: a\n", &[]).parts.hash());
+        assert_eq!(one.parts.hash().len(), 10);
+        let back = read(&one.parts.to_configmap("memcached"), &Limits::default()).unwrap();
+        assert_eq!(back.parts, one.parts);
+        assert!(back.same_as(&one));
     }
 }

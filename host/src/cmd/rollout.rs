@@ -1,0 +1,345 @@
+//! `wasmop rollout status|history|undo|promote|abort <plugin>`: the revisions of a plugin, as
+//! `kubectl rollout` shows a Deployment's.
+//!
+//! Every verb works on what the cluster holds (the plugin's ControllerRevisions and its
+//! ConfigMap), never on the host's memory, so it works after a restart or a failover. `undo`
+//! copies an old revision's module, settings and limits back into the ConfigMap, as `kubectl
+//! rollout undo` copies a ReplicaSet's template into its Deployment; the host makes a revision
+//! that was live before live again at once. `promote` and `abort` annotate the ConfigMap with
+//! the candidate's number, which the host acts on.
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context, bail};
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use crate::cli::{RolloutArgs, RolloutVerb};
+use crate::plugin::revision::{Phase, Revision, Revisions};
+use crate::plugin::rollout::{ABORT_ANNOTATION, PROMOTE_ANNOTATION};
+use crate::plugin::source::{
+    DEADLINE_ANNOTATION, MEMORY_ANNOTATION, RESPONSE_ANNOTATION, RESYNC_ANNOTATION, SETTINGS_KEY,
+};
+
+/// Runs `wasmop rollout`.
+pub fn run(args: RolloutArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async {
+        let client = crate::client::connect().await?;
+        let revisions = Revisions::new(client.clone(), &args.namespace);
+        let configmaps: Api<ConfigMap> = Api::namespaced(client, &args.namespace);
+        let plugin = &args.plugin;
+        if plugin.is_empty() {
+            bail!("name the plugin's ConfigMap: wasmop rollout <verb> <plugin>");
+        }
+        let all = revisions
+            .list(plugin)
+            .await
+            .with_context(|| format!("reading the revisions of plugin {plugin}"))?;
+        if all.is_empty() {
+            bail!(
+                "plugin {plugin} has no revisions in namespace {} (is it loaded, and is this the host's namespace?)",
+                args.namespace
+            );
+        }
+        match args.verb {
+            RolloutVerb::Status => print!("{}", status(plugin, &all)),
+            RolloutVerb::History => print!("{}", history(&all)),
+            RolloutVerb::Promote => {
+                let target = candidate(&all)
+                    .or_else(|| all.iter().rev().find(|r| r.phase == Phase::Aborted))
+                    .with_context(|| format!("plugin {plugin} has no candidate or aborted revision to promote"))?;
+                annotate(&configmaps, plugin, PROMOTE_ANNOTATION, target.number).await?;
+                println!(
+                    "asked the host to make revision {} ({}) live for every parent",
+                    target.number, target.version
+                );
+            }
+            RolloutVerb::Abort => {
+                let target = candidate(&all)
+                    .with_context(|| format!("no canary of plugin {plugin} is running"))?;
+                annotate(&configmaps, plugin, ABORT_ANNOTATION, target.number).await?;
+                println!(
+                    "asked the host to abort revision {} ({}); its parents go back to the live revision",
+                    target.number, target.version
+                );
+            }
+            RolloutVerb::Undo { to_revision } => {
+                let target = undo_target(&all, to_revision)?;
+                let stored = revisions.configmap(&target.name).await?;
+                let mut cm = configmaps
+                    .get(plugin)
+                    .await
+                    .with_context(|| format!("reading ConfigMap {}/{plugin}", args.namespace))?;
+                restore(&mut cm, &stored);
+                configmaps
+                    .replace(plugin, &PostParams::default(), &cm)
+                    .await
+                    .with_context(|| {
+                        format!(
+                            "writing ConfigMap {}/{plugin} (changed meanwhile? run undo again)",
+                            args.namespace
+                        )
+                    })?;
+                println!(
+                    "ConfigMap {plugin} holds revision {} again ({} {}); the host makes it live at once",
+                    target.number,
+                    target.version,
+                    short(&target.digest)
+                );
+            }
+        }
+        Ok(())
+    })
+}
+
+fn candidate(all: &[Revision]) -> Option<&Revision> {
+    all.iter().rev().find(|r| r.phase == Phase::Candidate)
+}
+
+/// The revision `undo` goes back to: `--to-revision`, else the live one while a canary runs,
+/// else the one that was live before it.
+fn undo_target(all: &[Revision], to: Option<i64>) -> anyhow::Result<&Revision> {
+    if let Some(n) = to {
+        return all.iter().find(|r| r.number == n).with_context(|| {
+            let numbers: Vec<String> = all.iter().map(|r| r.number.to_string()).collect();
+            format!("no revision {n}; there are {}", numbers.join(", "))
+        });
+    }
+    if candidate(all).is_some()
+        && let Some(live) = all.iter().rev().find(|r| r.phase == Phase::Live)
+    {
+        return Ok(live);
+    }
+    all.iter()
+        .rev()
+        .find(|r| r.phase == Phase::Retired)
+        .context("no earlier revision to go back to (see wasmop rollout history)")
+}
+
+/// Puts the module, settings and limit annotations of `stored` into `cm`, keeping the rest
+/// (its labels, its rollout annotations) and dropping a pending promote or abort.
+fn restore(cm: &mut ConfigMap, stored: &ConfigMap) {
+    let mut binary = cm.binary_data.take().unwrap_or_default();
+    binary.retain(|k, _| !(k.ends_with(".wasm") || k.ends_with(".wasm.gz")));
+    binary.extend(stored.binary_data.clone().unwrap_or_default());
+    cm.binary_data = Some(binary);
+    let mut data = cm.data.take().unwrap_or_default();
+    data.remove(SETTINGS_KEY);
+    if let Some(s) = stored.data.as_ref().and_then(|d| d.get(SETTINGS_KEY)) {
+        data.insert(SETTINGS_KEY.to_owned(), s.clone());
+    }
+    cm.data = (!data.is_empty()).then_some(data);
+    let annotations = cm.metadata.annotations.get_or_insert_with(BTreeMap::new);
+    for key in [
+        DEADLINE_ANNOTATION,
+        MEMORY_ANNOTATION,
+        RESPONSE_ANNOTATION,
+        RESYNC_ANNOTATION,
+        PROMOTE_ANNOTATION,
+        ABORT_ANNOTATION,
+    ] {
+        annotations.remove(key);
+    }
+    if let Some(kept) = &stored.metadata.annotations {
+        annotations.extend(kept.clone());
+    }
+}
+
+async fn annotate(api: &Api<ConfigMap>, plugin: &str, key: &str, n: i64) -> anyhow::Result<()> {
+    let patch = json!({"metadata": {"annotations": {key: n.to_string()}}});
+    api.patch(plugin, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| format!("annotating ConfigMap {plugin} with {key}={n}"))?;
+    Ok(())
+}
+
+fn short(digest: &str) -> &str {
+    &digest[..digest.len().min(19)]
+}
+
+fn describe(r: &Revision) -> String {
+    format!(
+        "revision {} ({} {})",
+        r.number,
+        if r.version.is_empty() {
+            "?"
+        } else {
+            &r.version
+        },
+        short(&r.digest)
+    )
+}
+
+/// What `status` prints.
+pub fn status(plugin: &str, all: &[Revision]) -> String {
+    let mut out = format!("plugin {plugin}\n");
+    match all.iter().rev().find(|r| r.phase == Phase::Live) {
+        Some(live) => out.push_str(&format!("  live:      {}\n", describe(live))),
+        None => out.push_str("  live:      none\n"),
+    }
+    match candidate(all) {
+        Some(c) => {
+            let since = c
+                .step_started
+                .map(|t| format!(", for {}s", age(t)))
+                .unwrap_or_default();
+            let of = |n: Option<usize>| n.map_or("?".to_string(), |n| n.to_string());
+            out.push_str(&format!(
+                "  candidate: {}, step {} of {} at {}% of parents{since}\n",
+                describe(c),
+                of(c.step.map(|s| s + 1)),
+                of(c.steps),
+                c.weight.map_or("?".to_string(), |w| w.to_string()),
+            ));
+        }
+        None => out.push_str("  candidate: none\n"),
+    }
+    if let Some(last) = all.iter().max_by_key(|r| r.number)
+        && let Some(note) = &last.note
+        && last.phase != Phase::Candidate
+    {
+        out.push_str(
+            &format!("  revision {} ({:?}): {note}\n", last.number, last.phase).to_lowercase(),
+        );
+    }
+    out
+}
+
+/// What `history` prints: one line per revision, oldest first.
+pub fn history(all: &[Revision]) -> String {
+    let mut out = format!(
+        "{:<9} {:<10} {:<12} {:<20} {:<6} NOTE\n",
+        "REVISION", "PHASE", "VERSION", "DIGEST", "AGE"
+    );
+    for r in all {
+        out.push_str(&format!(
+            "{:<9} {:<10} {:<12} {:<20} {:<6} {}\n",
+            r.number,
+            r.phase.as_str(),
+            r.version,
+            short(&r.digest),
+            r.created
+                .map(|t| format!("{}s", age(t)))
+                .unwrap_or_default(),
+            r.note.as_deref().unwrap_or("")
+        ));
+    }
+    out
+}
+
+fn age(t: Timestamp) -> i64 {
+    Timestamp::now().duration_since(t).as_secs().max(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::ByteString;
+
+    fn rev(number: i64, phase: Phase) -> Revision {
+        Revision {
+            name: format!("memcached-{number}"),
+            number,
+            phase,
+            version: format!("0.{number}.0"),
+            digest: format!("sha256:{number:064}"),
+            ..Revision::default()
+        }
+    }
+
+    #[test]
+    fn undo_goes_to_the_previous_live_revision() {
+        let all = vec![
+            rev(1, Phase::Retired),
+            rev(2, Phase::Retired),
+            rev(3, Phase::Live),
+        ];
+        assert_eq!(undo_target(&all, None).unwrap().number, 2);
+        assert_eq!(undo_target(&all, Some(1)).unwrap().number, 1);
+        assert_eq!(
+            undo_target(&all, Some(9)).unwrap_err().to_string(),
+            "no revision 9; there are 1, 2, 3"
+        );
+        let canary = vec![
+            rev(1, Phase::Retired),
+            rev(2, Phase::Live),
+            rev(3, Phase::Candidate),
+        ];
+        assert_eq!(undo_target(&canary, None).unwrap().number, 2);
+        assert!(undo_target(&[rev(1, Phase::Live)], None).is_err());
+    }
+
+    #[test]
+    fn restore_swaps_the_module_and_settings_and_keeps_the_rest() {
+        let mut cm = ConfigMap {
+            metadata: kube::api::ObjectMeta {
+                annotations: Some(BTreeMap::from([
+                    ("wasmop.io/rollout".into(), "canary".into()),
+                    (DEADLINE_ANNOTATION.into(), "50".into()),
+                    (PROMOTE_ANNOTATION.into(), "3".into()),
+                ])),
+                ..Default::default()
+            },
+            binary_data: Some(BTreeMap::from([(
+                "memcached.wasm.gz".into(),
+                ByteString(vec![2]),
+            )])),
+            data: Some(BTreeMap::from([(SETTINGS_KEY.into(), "image: bad".into())])),
+            ..Default::default()
+        };
+        let stored = ConfigMap {
+            binary_data: Some(BTreeMap::from([(
+                "memcached.wasm".into(),
+                ByteString(vec![1]),
+            )])),
+            ..Default::default()
+        };
+        restore(&mut cm, &stored);
+        assert_eq!(
+            cm.binary_data.unwrap().into_keys().collect::<Vec<_>>(),
+            ["memcached.wasm"]
+        );
+        assert_eq!(cm.data, None);
+        let ann = cm.metadata.annotations.unwrap();
+        assert_eq!(
+            ann.get("wasmop.io/rollout").map(String::as_str),
+            Some("canary")
+        );
+        assert!(!ann.contains_key(DEADLINE_ANNOTATION) && !ann.contains_key(PROMOTE_ANNOTATION));
+    }
+
+    #[test]
+    fn status_names_the_live_and_candidate_revisions() {
+        let c = Revision {
+            step: Some(0),
+            steps: Some(3),
+            weight: Some(10),
+            ..rev(4, Phase::Candidate)
+        };
+        let text = status("memcached", &[rev(3, Phase::Live), c]);
+        assert!(
+            text.contains("live:      revision 3 (0.3.0 sha256:000000000000)"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "candidate: revision 4 (0.4.0 sha256:000000000000), step 1 of 3 at 10% of parents"
+            ),
+            "{text}"
+        );
+        let h = history(&[rev(3, Phase::Live)]);
+        assert!(
+            h.lines()
+                .nth(1)
+                .unwrap()
+                .starts_with("3         live       0.3.0"),
+            "{h}"
+        );
+    }
+}
