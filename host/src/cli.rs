@@ -32,7 +32,8 @@ pub enum Command {
     /// Print the ClusterRole and ClusterRoleBinding the host needs to run a plugin (resource
     /// plurals are guessed offline from kind names: see --plural).
     Rbac(RbacArgs),
-    /// Show and steer how a plugin's revisions go live: status, history, undo, promote, abort.
+    /// Show and steer how a plugin's revisions go live: status, history, diff, undo, promote,
+    /// abort.
     Rollout(RolloutArgs),
 }
 
@@ -57,6 +58,8 @@ pub enum RolloutVerb {
     Status,
     /// Every revision kept, oldest first.
     History,
+    /// What a previewed candidate would change, parent by parent.
+    Diff,
     /// Put an earlier revision back in the ConfigMap: the one live before, or --to-revision.
     Undo {
         /// The revision to go back to.

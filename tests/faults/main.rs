@@ -15,6 +15,7 @@ mod control_plane;
 mod leader;
 mod network;
 mod plugins;
+mod preview;
 mod restart;
 
 use tokio::sync::{Mutex, MutexGuard};

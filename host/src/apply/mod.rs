@@ -9,6 +9,7 @@
 //! steady state makes no request at all.
 
 pub mod diff;
+pub mod preview;
 pub mod prune;
 pub mod ssa;
 
@@ -113,13 +114,37 @@ pub fn managed_by(obj: &DynamicObject, plugin: &str) -> bool {
 /// A child's namespace and name.
 type ChildKey<'a> = (Option<&'a str>, &'a str);
 
-/// Applies and prunes; keeps going past a failed child and returns every failure.
-pub async fn reconcile_children(
-    client: &Client,
-    children: Children<'_>,
-) -> Result<Report, Failures> {
-    let mut report = Report::default();
-    let mut failures = Failures::default();
+/// A child to send with server-side apply, ready to send.
+pub struct Apply<'a> {
+    /// Its kind.
+    pub kind: &'a ResolvedKind,
+    /// Its namespace (`None` when cluster-scoped).
+    pub namespace: Option<String>,
+    /// Its name.
+    pub name: String,
+    /// The object, with its owner reference, label and hash.
+    pub object: Value,
+    /// The plugin's object of that name, if it exists.
+    pub current: Option<Arc<DynamicObject>>,
+}
+
+/// What making the children match the plugin's answer takes: computed from the caches alone,
+/// by [`plan`], then carried out by [`execute`] (or previewed with a dry run by [`preview`]).
+#[derive(Default)]
+pub struct Planned<'a> {
+    /// Children to apply.
+    pub apply: Vec<Apply<'a>>,
+    /// Children already as desired.
+    pub unchanged: usize,
+    /// The plugin's children no longer desired, with their kind.
+    pub prune: Vec<(&'a ResolvedKind, Arc<DynamicObject>)>,
+    /// Desired names taken by other objects.
+    pub conflicts: Vec<Conflict>,
+}
+
+/// Decides what to apply and prune, from the caches, writing nothing.
+pub fn plan<'a>(children: Children<'a>) -> Planned<'a> {
+    let mut planned = Planned::default();
     // Indexed, so matching desired to observed stays linear in the number of children. Only
     // this plugin's own children count as observed.
     let ours: Vec<HashMap<ChildKey, &Arc<DynamicObject>>> = children
@@ -158,11 +183,13 @@ pub async fn reconcile_children(
             .to_string();
         let namespace = child["metadata"]["namespace"].as_str().map(str::to_string);
         keep[idx].insert((namespace.clone(), name.clone()));
-        let current = ours[idx].get(&(namespace.as_deref(), name.as_str()));
+        let current = ours[idx]
+            .get(&(namespace.as_deref(), name.as_str()))
+            .map(|o| (*o).clone());
         if current.is_none()
             && let Some(taken) = children.existing[idx].get(namespace.as_deref(), &name)
         {
-            failures.conflicts.push(Conflict {
+            planned.conflicts.push(Conflict {
                 kind: kind_name,
                 namespace: namespace.unwrap_or_default(),
                 name,
@@ -173,30 +200,23 @@ pub async fn reconcile_children(
         diff::stamp(&mut child);
         ssa::set_owner(&mut child, &children.owner);
         child["metadata"]["labels"][MANAGED_BY_LABEL] = Value::from(children.plugin);
-        let current = current.map(|o| serde_json::to_value(o.as_ref()).expect("object serialises"));
-        if current.is_some_and(|c| diff::is_subset(&child, &c)) {
-            report.unchanged += 1;
+        let up_to_date = current.as_ref().is_some_and(|c| {
+            diff::is_subset(
+                &child,
+                &serde_json::to_value(c.as_ref()).expect("object serialises"),
+            )
+        });
+        if up_to_date {
+            planned.unchanged += 1;
             continue;
         }
-        match ssa::apply(
-            client,
+        planned.apply.push(Apply {
             kind,
-            namespace.as_deref(),
-            &name,
-            &child,
-            children.field_manager,
-        )
-        .await
-        {
-            Ok(()) => report.applied += 1,
-            Err(source) => failures.errors.push(ChildError {
-                action: "apply",
-                kind: kind_name,
-                namespace: namespace.unwrap_or_default(),
-                name,
-                source,
-            }),
-        }
+            namespace,
+            name,
+            object: child,
+            current,
+        });
     }
 
     for (idx, kind) in children.kinds.iter().enumerate() {
@@ -208,24 +228,74 @@ pub async fn reconcile_children(
             if keep[idx].contains(&key) || obj.metadata.deletion_timestamp.is_some() {
                 continue;
             }
-            match prune::delete(client, kind, obj).await {
-                Ok(()) => report.pruned += 1,
-                Err(source) => failures.errors.push(ChildError {
-                    action: "prune",
-                    kind: kind.kind.kind.clone(),
-                    namespace: key.0.unwrap_or_default(),
-                    name: key.1,
-                    source,
-                }),
-            }
+            planned.prune.push((kind, (*obj).clone()));
         }
     }
+    planned
+}
 
+/// Applies and prunes what [`plan`] decided; keeps going past a failed child and returns
+/// every failure.
+pub async fn execute(
+    client: &Client,
+    planned: Planned<'_>,
+    field_manager: &str,
+) -> Result<Report, Failures> {
+    let mut report = Report {
+        unchanged: planned.unchanged,
+        ..Report::default()
+    };
+    let mut failures = Failures {
+        conflicts: planned.conflicts,
+        ..Failures::default()
+    };
+    for a in planned.apply {
+        match ssa::apply(
+            client,
+            a.kind,
+            a.namespace.as_deref(),
+            &a.name,
+            &a.object,
+            field_manager,
+        )
+        .await
+        {
+            Ok(()) => report.applied += 1,
+            Err(source) => failures.errors.push(ChildError {
+                action: "apply",
+                kind: a.kind.kind.kind.clone(),
+                namespace: a.namespace.unwrap_or_default(),
+                name: a.name,
+                source,
+            }),
+        }
+    }
+    for (kind, obj) in planned.prune {
+        match prune::delete(client, kind, &obj).await {
+            Ok(()) => report.pruned += 1,
+            Err(source) => failures.errors.push(ChildError {
+                action: "prune",
+                kind: kind.kind.kind.clone(),
+                namespace: obj.metadata.namespace.clone().unwrap_or_default(),
+                name: obj.metadata.name.clone().unwrap_or_default(),
+                source,
+            }),
+        }
+    }
     if failures.errors.is_empty() && failures.conflicts.is_empty() {
         Ok(report)
     } else {
         Err(failures)
     }
+}
+
+/// Applies and prunes; keeps going past a failed child and returns every failure.
+pub async fn reconcile_children(
+    client: &Client,
+    children: Children<'_>,
+) -> Result<Report, Failures> {
+    let field_manager = children.field_manager;
+    execute(client, plan(children), field_manager).await
 }
 
 /// Who holds an object whose name a child wants, for the conflict's message.

@@ -49,6 +49,21 @@ pub fn run(args: RolloutArgs) -> anyhow::Result<()> {
         }
         match args.verb {
             RolloutVerb::Status => print!("{}", status(plugin, &all)),
+            RolloutVerb::Diff => {
+                let c = candidate(&all)
+                    .with_context(|| format!("no candidate of plugin {plugin} is previewed or rolling out"))?;
+                match &c.preview {
+                    Some((summary, diff)) => {
+                        println!("{}: {summary}", describe(c));
+                        print!("{diff}");
+                    }
+                    None => bail!(
+                        "{} has no preview yet (set {}=preview on ConfigMap {plugin} to preview new revisions)",
+                        describe(c),
+                        crate::plugin::rollout::STRATEGY_ANNOTATION
+                    ),
+                }
+            }
             RolloutVerb::History => print!("{}", history(&all)),
             RolloutVerb::Promote => {
                 let target = candidate(&all)
@@ -184,6 +199,13 @@ pub fn status(plugin: &str, all: &[Revision]) -> String {
         None => out.push_str("  live:      none\n"),
     }
     match candidate(all) {
+        Some(c) if c.step.is_none() => {
+            let summary = c.preview.as_ref().map_or("not yet", |(s, _)| s.as_str());
+            out.push_str(&format!(
+                "  candidate: {}, previewed (nothing written): {summary}\n",
+                describe(c)
+            ));
+        }
         Some(c) => {
             let since = c
                 .step_started

@@ -32,11 +32,12 @@ use tokio::time::Instant;
 use tracing::Instrument;
 use wasmop_contract::{Manifest, RelatedSelector};
 
+use crate::apply::preview::{Action, ParentPreview, describe as describe_preview};
 use crate::client::Fence;
 use crate::config;
 use crate::kinds::{self, Kinds, ResolvedKind};
 use crate::plugin::Loaded;
-use crate::plugin::rollout::{Report, Tally, serves};
+use crate::plugin::rollout::{PreviewReport, Report, Tally, serves};
 use crate::telemetry::events::Events;
 use crate::text::truncate;
 use crate::watch::{Cache, Change, Hub, Missing, ObjKey, Subscription, key_of};
@@ -73,6 +74,8 @@ enum Command {
     Swap(Box<Loaded>),
     /// Run this candidate at this weight beside the live version, or none.
     Route(Option<(Box<Loaded>, u8)>),
+    /// Preview this candidate for every parent beside the live version, or none.
+    Preview(Option<Box<Loaded>>),
     /// Stop; with `release`, take the plugin's finalizer off every parent first.
     Stop {
         release: bool,
@@ -95,6 +98,15 @@ pub struct ControllerHandle {
     parents: Arc<Cache>,
     // The candidate's weight and what its reconciles showed, while one runs.
     tally: Arc<Mutex<Option<(u8, Tally)>>>,
+    // What a previewed candidate would change, per parent, while one is previewed.
+    previews: Arc<Mutex<Option<Previews>>>,
+}
+
+/// A previewed candidate's answers, per parent.
+#[derive(Default)]
+struct Previews {
+    digest: String,
+    parents: BTreeMap<ObjKey, ParentPreview>,
 }
 
 impl ControllerHandle {
@@ -156,6 +168,57 @@ impl ControllerHandle {
         let _ = self
             .commands
             .send(Command::Route(candidate.map(|(l, w)| (Box::new(l), w))));
+    }
+
+    /// Previews `candidate` for every parent (nothing is written), or, with `None`, stops.
+    pub fn preview(&mut self, candidate: Option<Loaded>) {
+        let _ = self
+            .commands
+            .send(Command::Preview(candidate.map(Box::new)));
+    }
+
+    /// What the previewed candidate would change, while one is previewed.
+    pub fn preview_report(&self) -> Option<PreviewReport> {
+        let previews = self.previews.lock().expect("previews lock");
+        let previews = previews.as_ref()?;
+        let mut report = PreviewReport {
+            parents: self.parents.len(),
+            previewed: previews.parents.len(),
+            ..PreviewReport::default()
+        };
+        for ((ns, name), p) in &previews.parents {
+            if p.is_empty() {
+                continue;
+            }
+            report.changed += 1;
+            if p.error.is_some() {
+                report.failed += 1;
+            }
+            if !p.status.is_empty() {
+                report.status += 1;
+            }
+            for c in &p.children {
+                match c.action {
+                    Action::Created => report.created += 1,
+                    Action::Changed(_) => report.modified += 1,
+                    Action::Deleted => report.deleted += 1,
+                    Action::Conflict(_) | Action::Refused(_) => report.refused += 1,
+                }
+            }
+            let parent = format!(
+                "{} {}",
+                self.kinds.parent.kind.kind,
+                ns.as_ref()
+                    .map_or(name.clone(), |ns| format!("{ns}/{name}"))
+            );
+            report.diffs.push(describe_preview(
+                &parent,
+                &p.children,
+                &p.status,
+                p.error.as_deref(),
+            ));
+        }
+        Some(report)
     }
 
     /// What the candidate has shown at its current weight, while one runs.
@@ -314,9 +377,12 @@ pub fn spawn(
     let (tx, rx) = mpsc::unbounded_channel();
     let name = loaded.plugin.manifest().name.clone();
     let tally = Arc::new(Mutex::new(None));
+    let previews = Arc::new(Mutex::new(None));
     let parents = shared.parents.clone();
     let runner = Runner {
         canary: None,
+        preview: None,
+        previews: previews.clone(),
         tally: tally.clone(),
         shared,
         loaded: loaded.clone(),
@@ -347,6 +413,7 @@ pub fn spawn(
         died: None,
         parents,
         tally,
+        previews,
     }
 }
 
@@ -365,6 +432,9 @@ struct Runner {
     canary: Option<(Loaded, u8)>,
     // How the candidate's reconciles ended, shared with the handle.
     tally: Arc<Mutex<Option<(u8, Tally)>>>,
+    // A candidate previewed after each reconcile, and what it would change.
+    preview: Option<Loaded>,
+    previews: Arc<Mutex<Option<Previews>>>,
     parents: HashMap<ObjKey, ParentState>,
 }
 
@@ -520,6 +590,7 @@ impl Runner {
                     cmd = commands.recv() => match cmd {
                         Some(Command::Swap(loaded)) => swapped = Some(*loaded),
                         Some(Command::Route(route)) => self.set_canary(route),
+                        Some(Command::Preview(p)) => self.set_preview(p),
                         // Nothing reconciled yet, and no cache to release finalizers from.
                         Some(Command::Stop { ack, .. }) => { let _ = ack.send(()); return; }
                         None => return,
@@ -557,6 +628,7 @@ impl Runner {
                 cmd = commands.recv(), if stop.is_none() => match cmd {
                     Some(Command::Swap(loaded)) => self.on_swap(*loaded),
                     Some(Command::Route(route)) => self.on_route(route),
+                    Some(Command::Preview(p)) => self.on_preview(p),
                     Some(Command::Stop { release, ack }) => stop = Some((release, ack)),
                     None => break,
                 },
@@ -627,8 +699,23 @@ impl Runner {
             let by_candidate = candidate.map(|(l, _)| l.plugin.digest().to_owned());
             let loaded = candidate.map_or(&self.loaded, |(l, _)| l).clone();
             let parent = key.clone();
+            let preview = self.preview.clone().map(|p| (p, self.previews.clone()));
             let task = self.running.spawn(async move {
                 let result = reconcile::run(&shared, &loaded, &key, &reason, may_defer).await;
+                // After the live version, so the preview sees what it left.
+                if let Some((candidate, previews)) = preview {
+                    let answer = reconcile::preview(&shared, &candidate, &key).await;
+                    let mut previews = previews.lock().expect("previews lock");
+                    if let Some(p) = previews
+                        .as_mut()
+                        .filter(|p| p.digest == candidate.plugin.digest())
+                    {
+                        match answer {
+                            Some(a) => p.parents.insert(key.clone(), a),
+                            None => p.parents.remove(&key),
+                        };
+                    }
+                }
                 (key, result)
             });
             self.tasks.insert(task.id(), (parent, by_candidate));
@@ -671,6 +758,9 @@ impl Runner {
                             .lock()
                             .expect("selectors lock")
                             .remove(&key);
+                        if let Some(p) = self.previews.lock().expect("previews lock").as_mut() {
+                            p.parents.remove(&key);
+                        }
                     }
                 }
             }
@@ -730,6 +820,50 @@ impl Runner {
         };
         drop(tally);
         self.canary = route;
+    }
+
+    /// Sets the previewed candidate without rescheduling anything.
+    fn set_preview(&mut self, candidate: Option<Box<Loaded>>) {
+        let candidate = candidate.map(|c| *c);
+        let mut previews = self.previews.lock().expect("previews lock");
+        *previews = match &candidate {
+            None => None,
+            Some(c) => {
+                let digest = c.plugin.digest();
+                Some(
+                    previews
+                        .take()
+                        .filter(|p| p.digest == digest)
+                        .unwrap_or_else(|| Previews {
+                            digest: digest.to_owned(),
+                            ..Previews::default()
+                        }),
+                )
+            }
+        };
+        drop(previews);
+        self.preview = candidate;
+    }
+
+    /// Previews a candidate (every parent is reconciled again at once, and previewed after),
+    /// or stops.
+    fn on_preview(&mut self, candidate: Option<Box<Loaded>>) {
+        let fresh = match (&self.preview, &candidate) {
+            (Some(old), Some(new)) => old.plugin.digest() != new.plugin.digest(),
+            (None, Some(_)) => true,
+            _ => false,
+        };
+        if let Some(c) = &candidate {
+            tracing::info!(candidate = %c.describe(), "previewing a candidate for every parent");
+        }
+        self.set_preview(candidate);
+        if fresh {
+            let now = Instant::now();
+            for parent in self.shared.parents.list(None, |_| true) {
+                self.queue
+                    .schedule(key_of(&parent), now, Reason::PluginSwapped);
+            }
+        }
     }
 
     /// Changes the candidate or its weight, and reconciles every parent whose version changes

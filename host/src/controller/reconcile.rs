@@ -24,6 +24,7 @@ use wasmop_contract::{KindRef, Manifest, RelatedSelector};
 use super::error::{Error, ReconcileError};
 use super::queue::Reason;
 use super::{Related, Shared};
+use crate::apply::preview::{FieldChange, ParentPreview};
 use crate::apply::{self, Children};
 use crate::gather::{self, Observed};
 use crate::kinds::Kinds;
@@ -321,12 +322,11 @@ impl<'a> Step<'a> {
         validate::validate(&target, response).map_err(ReconcileError::InvalidOutput)
     }
 
-    /// Applies the desired children and prunes this plugin's ones no longer desired.
-    async fn apply_children(&self, desired: Vec<Value>) -> Result<apply::Report, apply::Failures> {
+    /// The desired children beside the observed ones, for [`apply`].
+    fn children<'s>(&'s self, desired: Vec<Value>, field_manager: &'s str) -> Children<'s> {
         let kinds = &self.shared.kinds;
         let uid = self.parent.metadata.uid.clone().unwrap_or_default();
-        let field_manager = self.manifest().field_manager();
-        let children = Children {
+        Children {
             kinds: &self.shared.child_kinds,
             desired,
             observed: self
@@ -342,8 +342,14 @@ impl<'a> Step<'a> {
             ),
             existing: &self.shared.children,
             plugin: &self.manifest().name,
-            field_manager: &field_manager,
-        };
+            field_manager,
+        }
+    }
+
+    /// Applies the desired children and prunes this plugin's ones no longer desired.
+    async fn apply_children(&self, desired: Vec<Value>) -> Result<apply::Report, apply::Failures> {
+        let field_manager = self.manifest().field_manager();
+        let children = self.children(desired, &field_manager);
         let report = apply::reconcile_children(&self.shared.writer, children).await?;
         if report != apply::Report::default() {
             tracing::info!(
@@ -397,6 +403,74 @@ impl<'a> Step<'a> {
 
     async fn release_finalizer(&self) -> Result<(), ReconcileError> {
         remove_finalizer(&self.api, self.parent, &self.manifest().finalizer_name()).await
+    }
+}
+
+/// What reconciling the parent at `key` with `loaded` would change, writing nothing (the
+/// candidate of a preview): the same steps as a reconcile up to validation, then the children
+/// dry-run (see [`apply::preview`]) and the status compared. `None` when the parent is gone or
+/// being deleted.
+pub async fn preview(shared: &Shared, loaded: &Loaded, key: &ObjKey) -> Option<ParentPreview> {
+    let parent = shared.parents.get(key.0.as_deref(), &key.1)?;
+    if parent.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let step = Step::new(shared, loaded, &parent);
+    let result: Result<ParentPreview, ReconcileError> = async {
+        if let Some(error) = undecodable(&parent) {
+            return Err(ReconcileError::Undecodable(error.to_string()));
+        }
+        // Asked afresh, and not kept: the kept selectors are the live version's.
+        let selectors = timed(
+            step.manifest(),
+            "related",
+            loaded.plugin.related(&step.parent_json),
+        )
+        .await?;
+        parse_selectors(&shared.kinds, &selectors)?;
+        let response = step.call(&selectors).await?;
+        let validated = step.validate(response)?;
+        let field_manager = step.manifest().field_manager();
+        let planned = apply::plan(step.children(validated.children, &field_manager));
+        let children = apply::preview::preview(&shared.writer, &planned, &field_manager).await;
+        let status = status_changes(parent.data.get("status"), validated.status.as_ref());
+        Ok(ParentPreview {
+            children,
+            status,
+            error: None,
+        })
+    }
+    .await;
+    Some(result.unwrap_or_else(|e| ParentPreview {
+        error: Some(format!("{}: {e}", e.reason())),
+        ..ParentPreview::default()
+    }))
+}
+
+/// The fields of the plugin's status that would change; the host's own (`observedGeneration`,
+/// the `Ready` condition, transition times) are left out.
+fn status_changes(current: Option<&Value>, plugin: Option<&Value>) -> Vec<FieldChange> {
+    let strip = |v: Option<&Value>| -> Value {
+        let mut v = v.cloned().unwrap_or_else(|| json!({}));
+        if let Some(m) = v.as_object_mut() {
+            m.remove("observedGeneration");
+            if let Some(Value::Array(conditions)) = m.get_mut("conditions") {
+                conditions.retain(|c| c["type"] != status::READY);
+                for c in conditions.iter_mut().filter_map(Value::as_object_mut) {
+                    c.remove("lastTransitionTime");
+                    c.remove("observedGeneration");
+                }
+                if conditions.is_empty() {
+                    m.remove("conditions");
+                }
+            }
+        }
+        v
+    };
+    match plugin {
+        // A plugin that returns no status leaves it as it is.
+        None => Vec::new(),
+        Some(p) => apply::preview::changes(&strip(current), &strip(Some(p))),
     }
 }
 

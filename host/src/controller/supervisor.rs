@@ -18,7 +18,7 @@ use super::{Config, ControllerHandle, release, spawn};
 use crate::client::Fence;
 use crate::kinds::{Kinds, ResolvedKind, resolve_one};
 use crate::plugin::access;
-use crate::plugin::rollout::Report;
+use crate::plugin::rollout::{PreviewReport, Report};
 use crate::plugin::{Activation, Canary, Loaded, Supervise};
 use crate::telemetry::health::Health;
 use crate::watch::Hub;
@@ -216,10 +216,11 @@ impl Supervise for Supervisor {
             };
             let Some(canary) = canary else {
                 handle.route(None);
+                handle.preview(None);
                 return;
             };
             if handle.kinds().covers(&canary.kinds) {
-                handle.route(Some((canary.loaded, canary.weight)));
+                set_route(handle, canary);
                 return;
             }
             // The candidate needs kinds the live version does not watch: one controller over
@@ -230,7 +231,7 @@ impl Supervise for Supervisor {
             let live = handle.loaded().clone();
             handle.stop(false).await;
             let mut fresh = self.spawn(kinds, live);
-            fresh.route(Some((canary.loaded, canary.weight)));
+            set_route(&mut fresh, canary);
             self.running.insert(configmap.to_string(), fresh);
         }
         .boxed()
@@ -240,9 +241,24 @@ impl Supervise for Supervisor {
         self.running.get(configmap)?.canary_report()
     }
 
+    fn preview_report(&self, configmap: &str) -> Option<PreviewReport> {
+        self.running.get(configmap)?.preview_report()
+    }
+
     fn is_synced(&self, configmap: &str) -> bool {
         self.running
             .get(configmap)
             .is_none_or(ControllerHandle::is_synced)
+    }
+}
+
+/// Runs `canary` as a preview or at its weight, and not the other way.
+fn set_route(handle: &mut ControllerHandle, canary: Canary) {
+    if canary.preview {
+        handle.route(None);
+        handle.preview(Some(canary.loaded));
+    } else {
+        handle.preview(None);
+        handle.route(Some((canary.loaded, canary.weight)));
     }
 }

@@ -17,8 +17,11 @@ pub enum Notice {
     /// A version waits for the host or its identity to be granted what it needs, or runs
     /// without some rights its identity lacks.
     Forbidden,
-    /// A candidate revision serves a share of the parents (a canary step began).
+    /// A candidate revision serves a share of the parents (a canary step began), or is
+    /// previewed.
     Canary,
+    /// A preview covers every parent: what the candidate would change.
+    Previewed,
     /// A candidate was rolled back: its canary failed its health gate, or was aborted.
     RolloutAborted,
     /// Revisions could not be read or written.
@@ -35,6 +38,7 @@ impl Notice {
             Notice::WaitingForKinds => "WaitingForKinds",
             Notice::Forbidden => "Forbidden",
             Notice::Canary => "Canary",
+            Notice::Previewed => "Previewed",
             Notice::RolloutAborted => "RolloutAborted",
             Notice::RevisionFailed => "RevisionFailed",
         }
@@ -43,7 +47,9 @@ impl Notice {
     /// Normal for a version that runs, Warning otherwise.
     pub fn event_type(self) -> EventType {
         match self {
-            Notice::Loaded | Notice::Swapped | Notice::Canary => EventType::Normal,
+            Notice::Loaded | Notice::Swapped | Notice::Canary | Notice::Previewed => {
+                EventType::Normal
+            }
             _ => EventType::Warning,
         }
     }

@@ -31,8 +31,8 @@ use wasmop_contract::Manifest;
 
 use super::load::{LoadError, Loaded, Loader};
 use super::notice::Notice;
-use super::revision::{Mark, Phase, Revision, RevisionError, Revisions};
-use super::rollout::{self, Plan, Report, Rollout, Strategy, Verdict};
+use super::revision::{MAX_PREVIEW_DIFF, Mark, Phase, Revision, RevisionError, Revisions};
+use super::rollout::{self, Plan, PreviewReport, Report, Rollout, Strategy, Verdict};
 use super::source::{self, PLUGIN_LABEL, PluginSource};
 use crate::config;
 use crate::kinds::Kinds;
@@ -41,6 +41,9 @@ use crate::telemetry::events::Events;
 use crate::telemetry::health::Health;
 use crate::telemetry::metrics;
 use crate::telemetry::metrics::{ConfigMapLabels, InfoLabels, LoadLabels};
+
+/// How often at most a preview's summary and diff are written to its revision.
+const PREVIEW_PUBLISH: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What the registry knows about one plugin ConfigMap.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -102,6 +105,8 @@ pub trait Supervise: Send {
     fn route<'a>(&'a mut self, configmap: &'a str, canary: Option<Canary>) -> BoxFuture<'a, ()>;
     /// What the candidate of `configmap` has shown at its current weight.
     fn canary_report(&self, configmap: &str) -> Option<Report>;
+    /// What the previewed candidate of `configmap` would change.
+    fn preview_report(&self, configmap: &str) -> Option<PreviewReport>;
 }
 
 /// A candidate revision to run beside the live one.
@@ -113,6 +118,8 @@ pub struct Canary {
     pub kinds: Kinds,
     /// The share of parents it serves, in percent.
     pub weight: u8,
+    /// It serves no parent, but is previewed for every one (nothing written).
+    pub preview: bool,
 }
 
 struct Slot {
@@ -142,6 +149,18 @@ struct Candidate {
     // The step (0-based) and when it started.
     step: usize,
     started: Timestamp,
+    // A preview, not a canary: what was last published of it, and when.
+    preview: Option<Published>,
+}
+
+/// What of a preview was last written to its revision.
+#[derive(Default)]
+struct Published {
+    summary: String,
+    diff: String,
+    at: Option<std::time::Instant>,
+    // An Event said the preview covers every parent.
+    complete: bool,
 }
 
 enum Msg {
@@ -248,6 +267,7 @@ impl Registry {
                         self.pause(&configmap, &kinds).await;
                     }
                     self.judge_canaries().await;
+                    self.publish_previews().await;
                 },
                 Some(msg) = self.rx.recv() => self.on_msg(msg).await,
                 ev = events.next() => {
@@ -453,6 +473,12 @@ impl Registry {
                         .await;
                 }
             }
+            Plan::Preview => {
+                let Some(live) = live else { return };
+                if self.ensure_live(configmap, &live).await {
+                    self.preview(configmap, loaded, kinds, this, rollout).await;
+                }
+            }
             Plan::Hold(why) => {
                 let Some(live) = live else { return };
                 self.drop_candidate(configmap, &this).await;
@@ -637,7 +663,7 @@ impl Registry {
         let same_step = slot
             .candidate
             .as_ref()
-            .is_some_and(|c| c.revision.name == this.name && c.step == step);
+            .is_some_and(|c| c.revision.name == this.name && c.step == step && c.preview.is_none());
         let resumed = this.phase == Phase::Candidate && this.step == Some(step);
         let started = match (&slot.candidate, resumed, this.step_started) {
             (Some(c), _, _) if same_step => c.started,
@@ -651,10 +677,113 @@ impl Registry {
             rollout,
             step,
             started,
+            preview: None,
         });
         slot.state = State::Running;
         if !same_step {
             self.step(configmap, step, started, resumed).await;
+        }
+    }
+
+    /// Previews `this` revision for every parent beside the live one, writing nothing.
+    async fn preview(
+        &mut self,
+        configmap: &str,
+        mut loaded: Loaded,
+        kinds: Kinds,
+        this: Revision,
+        rollout: Rollout,
+    ) {
+        self.drop_candidate(configmap, &this).await;
+        loaded.revision = Some(this.number);
+        let slot = self.slots.get_mut(configmap).expect("slot exists");
+        slot.state = State::Running;
+        if let Some(c) = slot.candidate.as_mut()
+            && c.revision.name == this.name
+            && c.preview.is_some()
+        {
+            c.rollout = rollout;
+            return;
+        }
+        let canary = Canary {
+            loaded: loaded.clone(),
+            kinds: kinds.clone(),
+            weight: 0,
+            preview: true,
+        };
+        let msg = format!(
+            "previewing {} for every parent: nothing is written until it is promoted (wasmop rollout promote {configmap}); see wasmop rollout diff {configmap}",
+            loaded.describe()
+        );
+        let name = this.name.clone();
+        slot.candidate = Some(Candidate {
+            loaded,
+            kinds,
+            revision: this,
+            rollout,
+            step: 0,
+            started: Timestamp::now(),
+            preview: Some(Published::default()),
+        });
+        self.supervisor.route(configmap, Some(canary)).await;
+        let mark = Mark {
+            phase: Some(Phase::Candidate),
+            number: None,
+            step: None,
+            note: Some(String::new()),
+        };
+        self.write_marks(configmap, vec![(name, mark)]).await;
+        tracing::info!(configmap, "{msg}");
+        self.notify(configmap, Notice::Canary, &msg);
+    }
+
+    /// Writes what each preview would change to its revision, when it changed, at most every
+    /// [`PREVIEW_PUBLISH`].
+    async fn publish_previews(&mut self) {
+        let names: Vec<String> = self
+            .slots
+            .iter()
+            .filter(|(_, s)| s.candidate.as_ref().is_some_and(|c| c.preview.is_some()))
+            .map(|(n, _)| n.clone())
+            .collect();
+        for configmap in names {
+            if !self.supervisor.is_synced(&configmap) {
+                continue;
+            }
+            let Some(report) = self.supervisor.preview_report(&configmap) else {
+                continue;
+            };
+            let c = self.slots[&configmap].candidate.as_ref().expect("listed");
+            let published = c.preview.as_ref().expect("listed");
+            let (summary, diff) = (report.summary(), report.diff(MAX_PREVIEW_DIFF));
+            let due = published
+                .at
+                .is_none_or(|at| at.elapsed() >= PREVIEW_PUBLISH);
+            if !due || (published.summary == summary && published.diff == diff) {
+                continue;
+            }
+            let name = c.revision.name.clone();
+            let complete = report.previewed >= report.parents && !published.complete;
+            if let Err(e) = self.revisions.publish_preview(&name, &summary, &diff).await {
+                tracing::warn!(configmap, error = %e, "could not publish the preview");
+                continue;
+            }
+            let c = self
+                .slots
+                .get_mut(&configmap)
+                .and_then(|s| s.candidate.as_mut())
+                .expect("listed");
+            let what = c.loaded.describe();
+            let published = c.preview.as_mut().expect("listed");
+            published.summary = summary.clone();
+            published.diff = diff;
+            published.at = Some(std::time::Instant::now());
+            if complete {
+                published.complete = true;
+                let msg = format!("preview of {what}: {summary}");
+                tracing::info!(configmap, "{msg}");
+                self.notify(&configmap, Notice::Previewed, &msg);
+            }
         }
     }
 
@@ -676,6 +805,7 @@ impl Registry {
             loaded: c.loaded.clone(),
             kinds: c.kinds.clone(),
             weight,
+            preview: false,
         };
         let name = c.revision.name.clone();
         let msg = format!(
@@ -708,7 +838,7 @@ impl Registry {
         let names: Vec<String> = self
             .slots
             .iter()
-            .filter(|(_, s)| s.candidate.is_some())
+            .filter(|(_, s)| s.candidate.as_ref().is_some_and(|c| c.preview.is_none()))
             .map(|(n, _)| n.clone())
             .collect();
         for configmap in names {
@@ -775,6 +905,12 @@ impl Registry {
             .get_mut(configmap)
             .and_then(|s| s.candidate.take());
         let (name, number, what, step) = match (&candidate, this) {
+            (Some(c), _) if c.preview.is_some() => (
+                c.revision.name.clone(),
+                c.revision.number,
+                c.loaded.describe(),
+                " (a preview: nothing of it was written)".to_owned(),
+            ),
             (Some(c), _) => (
                 c.revision.name.clone(),
                 c.revision.number,

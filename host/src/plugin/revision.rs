@@ -38,6 +38,12 @@ pub const STEP_ANNOTATION: &str = "wasmop.io/canary-step";
 pub const STEP_STARTED_ANNOTATION: &str = "wasmop.io/canary-step-started";
 /// Annotation: why a revision was aborted, or how it became live.
 pub const NOTE_ANNOTATION: &str = "wasmop.io/note";
+/// Annotation: a previewed candidate's summary (what would change over how many parents).
+pub const PREVIEW_ANNOTATION: &str = "wasmop.io/preview";
+/// Annotation: a previewed candidate's diff, parent by parent (cut at [`MAX_PREVIEW_DIFF`]).
+pub const PREVIEW_DIFF_ANNOTATION: &str = "wasmop.io/preview-diff";
+/// Bytes of diff kept on a revision: an object's annotations may hold 256 KiB in all.
+pub const MAX_PREVIEW_DIFF: usize = 192 << 10;
 
 /// Where a revision stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -103,6 +109,8 @@ pub struct Revision {
     pub note: Option<String>,
     /// When the revision was recorded.
     pub created: Option<Timestamp>,
+    /// A previewed candidate's summary and diff.
+    pub preview: Option<(String, String)>,
 }
 
 impl Revision {
@@ -139,6 +147,15 @@ impl Revision {
                 .and_then(|t| t.parse().ok()),
             note: annotations.get(NOTE_ANNOTATION).cloned(),
             created: cr.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            preview: annotations.get(PREVIEW_ANNOTATION).map(|summary| {
+                (
+                    summary.clone(),
+                    annotations
+                        .get(PREVIEW_DIFF_ANNOTATION)
+                        .cloned()
+                        .unwrap_or_default(),
+                )
+            }),
         }
     }
 }
@@ -277,6 +294,13 @@ impl Revisions {
                 annotations.insert(STEP_STARTED_ANNOTATION.into(), Value::Null);
             }
         }
+        // A diff is kept only while it is being looked at; the summary stays with the history.
+        if matches!(
+            mark.phase,
+            Some(Phase::Live | Phase::Retired | Phase::Aborted)
+        ) {
+            annotations.insert(PREVIEW_DIFF_ANNOTATION.into(), Value::Null);
+        }
         if let Some(note) = mark.note {
             let note = crate::text::truncate(note, 1024);
             annotations.insert(
@@ -292,6 +316,27 @@ impl Revisions {
         if let Some(n) = mark.number {
             patch["revision"] = n.into();
         }
+        self.api
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(|_| ())
+            .map_err(|source| RevisionError::Api {
+                name: name.to_owned(),
+                source,
+            })
+    }
+
+    /// Records a previewed candidate's summary and diff on its revision.
+    pub async fn publish_preview(
+        &self,
+        name: &str,
+        summary: &str,
+        diff: &str,
+    ) -> Result<(), RevisionError> {
+        let patch = json!({"metadata": {"annotations": {
+            PREVIEW_ANNOTATION: summary,
+            PREVIEW_DIFF_ANNOTATION: diff,
+        }}});
         self.api
             .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await

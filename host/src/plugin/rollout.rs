@@ -3,6 +3,9 @@
 //! which parents a canary serves ([`bucket`]), and when a canary moves on, finishes or is
 //! aborted ([`judge`]). Pure functions: the registry acts on their answers.
 //!
+//! A preview runs the candidate for every parent after the live version's reconcile and
+//! records what it would change, writing nothing (see [`crate::apply::preview`]).
+//!
 //! A canary serves the parents whose [`bucket`] (a hash of namespace and name, 0–99) is below
 //! its current step's weight, so a parent keeps its version from one step to the next and a
 //! step only adds parents. The health gate is a parent whose last reconcile with the candidate
@@ -16,7 +19,7 @@ use sha2::{Digest, Sha256};
 
 use super::revision::{Phase, Revision};
 
-/// Annotation: `immediate` (the default) or `canary`.
+/// Annotation: `immediate` (the default), `canary` or `preview`.
 pub const STRATEGY_ANNOTATION: &str = "wasmop.io/rollout";
 /// Annotation: the canary's weights in percent, increasing, ending at 100 (`10,50,100`).
 pub const STEPS_ANNOTATION: &str = "wasmop.io/canary-steps";
@@ -51,6 +54,9 @@ pub enum Strategy {
     Immediate,
     /// A growing share of parents, in steps, behind a health gate.
     Canary,
+    /// No parent, but every one previewed (what would change, nothing written) until the
+    /// revision is promoted or aborted.
+    Preview,
 }
 
 /// A plugin's rollout settings, from its ConfigMap's annotations.
@@ -111,7 +117,8 @@ impl Rollout {
             r.strategy = match v.trim() {
                 "immediate" => Strategy::Immediate,
                 "canary" => Strategy::Canary,
-                _ => return Err(bad(STRATEGY_ANNOTATION, v, "immediate or canary")),
+                "preview" => Strategy::Preview,
+                _ => return Err(bad(STRATEGY_ANNOTATION, v, "immediate, canary or preview")),
             };
         }
         if let Some(v) = annotations.get(STEPS_ANNOTATION) {
@@ -197,6 +204,8 @@ pub enum Plan {
     Hold(String),
     /// Abort it (it is the candidate named by [`ABORT_ANNOTATION`]).
     Abort(String),
+    /// Preview it for every parent, writing nothing, until it is promoted or aborted.
+    Preview,
     /// Roll it out as a canary from this step (0-based).
     Canary {
         /// The step to run.
@@ -228,6 +237,9 @@ pub fn plan(this: &Revision, live: Option<&Revision>, rollout: &Rollout) -> Plan
     if rollout.abort == Some(this.number) {
         return Plan::Abort(format!("aborted by request ({ABORT_ANNOTATION})"));
     }
+    if rollout.strategy == Strategy::Preview {
+        return Plan::Preview;
+    }
     let step = match this.phase {
         Phase::Candidate => this.step.unwrap_or(0).min(rollout.steps.len() - 1),
         _ => 0,
@@ -255,6 +267,65 @@ pub struct Tally {
     pub reconciled: BTreeSet<(Option<String>, String)>,
     /// Parents whose last reconcile with it failed, and the reason.
     pub failed: BTreeMap<(Option<String>, String), String>,
+}
+
+/// What a previewed candidate would change, over every parent.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PreviewReport {
+    /// Parents there are.
+    pub parents: usize,
+    /// Parents previewed so far.
+    pub previewed: usize,
+    /// Parents something of which would change (or whose reconcile would fail).
+    pub changed: usize,
+    /// Children that would be created.
+    pub created: usize,
+    /// Children that would change.
+    pub modified: usize,
+    /// Children that would be deleted.
+    pub deleted: usize,
+    /// Children whose apply would fail (a taken name, a refusal).
+    pub refused: usize,
+    /// Parents whose status would change.
+    pub status: usize,
+    /// Parents whose reconcile would fail.
+    pub failed: usize,
+    /// One text per parent that would change, in parent order.
+    pub diffs: Vec<String>,
+}
+
+impl PreviewReport {
+    /// One line for kubectl: how far the preview got and what would change.
+    pub fn summary(&self) -> String {
+        format!(
+            "{} of {} parents previewed: {} would change (children: {} created, {} changed, {} deleted, {} refused; status of {}), {} would fail",
+            self.previewed,
+            self.parents,
+            self.changed,
+            self.created,
+            self.modified,
+            self.deleted,
+            self.refused,
+            self.status,
+            self.failed
+        )
+    }
+
+    /// Every parent's diff, cut at about `max` bytes with a count of what was left out.
+    pub fn diff(&self, max: usize) -> String {
+        let mut out = String::new();
+        for (i, d) in self.diffs.iter().enumerate() {
+            if out.len() + d.len() > max {
+                out.push_str(&format!(
+                    "… and {} more parents that would change\n",
+                    self.diffs.len() - i
+                ));
+                break;
+            }
+            out.push_str(d);
+        }
+        out
+    }
 }
 
 /// What a running canary should do next.
@@ -394,6 +465,12 @@ mod tests {
         let new = revision(4, Phase::New);
         assert_eq!(plan(&new, Some(&live), &Rollout::default()), Plan::Run);
         assert_eq!(plan(&new, Some(&live), &canary), Plan::Canary { step: 0 });
+        let preview = Rollout {
+            strategy: Strategy::Preview,
+            ..Rollout::default()
+        };
+        assert_eq!(plan(&new, Some(&live), &preview), Plan::Preview);
+        assert_eq!(plan(&new, None, &preview), Plan::Run);
         assert_eq!(plan(&new, None, &canary), Plan::Run);
         assert_eq!(plan(&live, Some(&live), &canary), Plan::Run);
         let resumed = Revision {
