@@ -32,9 +32,47 @@ pub enum Command {
     /// Print the ClusterRole and ClusterRoleBinding the host needs to run a plugin (resource
     /// plurals are guessed offline from kind names: see --plural).
     Rbac(RbacArgs),
+    /// Record, from a live cluster, the requests the host would send a plugin's live revision
+    /// and its answers, one file per parent, for `wasmop replay`.
+    Capture(CaptureArgs),
+    /// Run a build on captured requests and print how its answers differ; non-zero exit when
+    /// any does.
+    Replay(ReplayArgs),
     /// Show and steer how a plugin's revisions go live: status, history, diff, undo, promote,
     /// abort.
     Rollout(RolloutArgs),
+}
+
+/// `wasmop capture`.
+#[derive(Debug, Args)]
+pub struct CaptureArgs {
+    /// The plugin's ConfigMap.
+    pub plugin: String,
+    /// The directory to write the capture to.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Capture this parent only, as `namespace/name` (repeatable). Default: every parent.
+    #[arg(long = "parent", value_name = "NAMESPACE/NAME")]
+    pub parents: Vec<String>,
+    /// The host's namespace, where the plugin ConfigMaps and their revisions are.
+    #[arg(long, short, default_value = config::NAMESPACE)]
+    pub namespace: String,
+    /// List parents, children and related objects in this namespace only.
+    #[arg(long)]
+    pub watch_namespace: Option<String>,
+}
+
+/// `wasmop replay`.
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    /// The build to replay (`.wasm`).
+    #[arg(long)]
+    pub plugin: PathBuf,
+    /// A directory `wasmop capture` wrote.
+    pub dir: PathBuf,
+    /// Sandbox limits.
+    #[command(flatten)]
+    pub limits: LimitArgs,
 }
 
 /// `wasmop rollout`.

@@ -16,7 +16,14 @@ use wasmop::plugin::rollout::{
 
 use crate::common::{Env, Host, TIMEOUT, wait_event};
 
-const PARENTS: usize = 100;
+/// Parents of the canary test; `WASMOP_CANARY_n` changes it for the numbers in
+/// `docs/benchmarks.md`.
+fn parents() -> usize {
+    std::env::var("WASMOP_CANARY_n")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100)
+}
 
 /// Puts the plugin ConfigMap as `wasmop package` builds it, with `annotations`.
 async fn put(env: &Env, wasm: &[u8], settings: Option<&str>, annotations: &[(&str, &str)]) {
@@ -131,6 +138,7 @@ fn wasmop(env: &Env, args: &[&str]) -> (bool, String) {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_bad_canary_rolls_back_at_its_first_step_and_a_good_one_survives_a_failover() {
     let env = Env::new("e2e-canary").await;
+    let n = parents();
     let v1 = test_artifacts::read(test_artifacts::MEMCACHED);
     let v2 = test_artifacts::read(test_artifacts::MEMCACHED_V2);
     env.grant("memcached", &v2, &[]).await;
@@ -139,11 +147,11 @@ async fn a_bad_canary_rolls_back_at_its_first_step_and_a_good_one_survives_a_fai
     let args = ["--leader-elect"];
     let a = Host::start_as(&env.kubeconfig, env.name(), "wasmop-a", &args);
     let b = Host::start_as(&env.kubeconfig, env.name(), "wasmop-b", &args);
-    for i in 0..PARENTS {
+    for i in 0..n {
         env.put_memcached(&parent(i), 0).await;
     }
     let logs = || a.logs() + &b.logs();
-    wait_all_on(&env, PARENTS, 1, &logs()).await;
+    wait_all_on(&env, n, 1, &logs()).await;
     assert_eq!(phases(&env).await, [(1, Phase::Live)]);
 
     // A bad revision: settings the plugin cannot read, so each of its reconciles fails.
@@ -157,7 +165,7 @@ async fn a_bad_canary_rolls_back_at_its_first_step_and_a_good_one_survives_a_fai
         "{note}"
     );
     assert_eq!(phases(&env).await, [(1, Phase::Live), (2, Phase::Aborted)]);
-    let share: BTreeSet<String> = (0..PARENTS)
+    let share: BTreeSet<String> = (0..n)
         .map(parent)
         .filter(|p| rollout::serves(10, Some(env.name()), p))
         .collect();
@@ -167,10 +175,10 @@ async fn a_bad_canary_rolls_back_at_its_first_step_and_a_good_one_survives_a_fai
         touched.is_subset(&share),
         "only the first step's parents ({share:?}) may see the candidate; it touched {touched:?}"
     );
-    wait_all_on(&env, PARENTS, 1, &logs()).await;
+    wait_all_on(&env, n, 1, &logs()).await;
     let rolled_back = started.elapsed();
     println!(
-        "measured: bad canary over {PARENTS} parents aborted {aborted:?} after the ConfigMap update, all back on revision 1 at {rolled_back:?}; {} of {} first-step parents touched",
+        "measured: bad canary over {n} parents aborted {aborted:?} after the ConfigMap update, all back on revision 1 at {rolled_back:?}; {} of {} first-step parents touched",
         touched.len(),
         share.len()
     );
@@ -181,7 +189,7 @@ async fn a_bad_canary_rolls_back_at_its_first_step_and_a_good_one_survives_a_fai
         .list(&ListParams::default())
         .await
         .unwrap();
-    assert_eq!(deployments.items.len(), PARENTS);
+    assert_eq!(deployments.items.len(), n);
 
     // A good revision, with a failover at its second step.
     let started = Instant::now();
@@ -214,9 +222,9 @@ async fn a_bad_canary_rolls_back_at_its_first_step_and_a_good_one_survives_a_fai
         "the new leader continued from the step recorded in the cluster:\n{}",
         standby.logs()
     );
-    wait_all_on(&env, PARENTS, 3, &standby.logs()).await;
+    wait_all_on(&env, n, 3, &standby.logs()).await;
     println!(
-        "measured: good canary over {PARENTS} parents (3 steps of 3 s, failover at step 2) promoted and converged in {:?}",
+        "measured: good canary over {n} parents (3 steps of 3 s, failover at step 2) promoted and converged in {:?}",
         started.elapsed()
     );
     let services = env
@@ -227,7 +235,7 @@ async fn a_bad_canary_rolls_back_at_its_first_step_and_a_good_one_survives_a_fai
         .unwrap();
     assert_eq!(
         services.items.len(),
-        PARENTS,
+        n,
         "every parent has the second build's Service"
     );
     assert_eq!(
@@ -303,5 +311,86 @@ async fn undo_restores_the_previous_revision_after_a_restart_and_an_overwritten_
     assert!(
         !ok && none.contains("no canary of plugin memcached is running"),
         "{none}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn capture_from_the_plane_then_replay_the_same_build_and_the_second() {
+    let env = Env::new("e2e-capture").await;
+    let v1 = test_artifacts::read(test_artifacts::MEMCACHED);
+    env.grant("memcached", &v1, &[]).await;
+    put(&env, &v1, None, &[]).await;
+    let host = env.start_host();
+    for name in ["one", "two"] {
+        env.put_memcached(name, 1).await;
+    }
+    for name in ["one", "two"] {
+        env.wait_nodes(name, 1).await;
+    }
+    let dir = test_artifacts::workspace_root()
+        .join("target/e2e-logs")
+        .join(format!("capture-{}", env.name()));
+    let dir_s = dir.to_str().unwrap();
+    let ns = env.name().to_owned();
+    let (ok, out) = wasmop(
+        &env,
+        &[
+            "capture",
+            "memcached",
+            "--out",
+            dir_s,
+            "--watch-namespace",
+            &ns,
+        ],
+    );
+    assert!(ok, "{out}\nhost log:\n{}", host.logs());
+    assert!(
+        out.contains("captured 2 parents of plugin memcached (revision 1"),
+        "{out}"
+    );
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join(format!("{ns}_one.json"))).unwrap())
+            .unwrap();
+    // The request holds what the host's caches would: the Deployment and the pod.
+    assert_eq!(record["request"]["parent"]["metadata"]["name"], "one");
+    assert_eq!(
+        record["request"]["children"]["Deployment.apps/v1"]
+            .as_object()
+            .map(|m| m.len()),
+        Some(1),
+        "{record}"
+    );
+    assert_eq!(
+        record["request"]["related"]["Pod.v1"]
+            .as_object()
+            .map(|m| m.len()),
+        Some(1),
+        "{record}"
+    );
+
+    let replay = |build: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_wasmop"))
+            .args(["replay", "--plugin", build, dir_s])
+            .output()
+            .expect("run wasmop replay");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let (ok, same) = replay(test_artifacts::MEMCACHED);
+    assert!(ok, "{same}");
+    assert!(
+        same.contains("all 2 parents answered as revision 1"),
+        "{same}"
+    );
+    let (ok, second) = replay(test_artifacts::MEMCACHED_V2);
+    assert!(!ok, "the second build answers differently:\n{second}");
+    assert!(
+        second.contains(&format!("{ns}/one:\n"))
+            && second.contains(&format!("children.Service {ns}/one: (none) → {{"))
+            && second.contains("2 of 2 parents answered differently from revision 1"),
+        "{second}"
     );
 }

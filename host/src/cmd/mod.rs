@@ -1,9 +1,11 @@
 //! One module per subcommand of the `wasmop` binary.
 
+pub mod capture;
 pub mod inspect;
 pub mod package;
 pub mod rbac;
 pub mod render;
+pub mod replay;
 pub mod rollout;
 pub mod run;
 
@@ -18,6 +20,8 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Package(args) => package::run(args),
         Command::Rbac(args) => rbac::run(args),
         Command::Rollout(args) => rollout::run(args),
+        Command::Capture(args) => capture::run(args),
+        Command::Replay(args) => replay::run(args),
     }
 }
 
