@@ -16,10 +16,10 @@ use wasmop::plugin::rollout::{
 
 use crate::common::{Env, Host, TIMEOUT, wait_event};
 
-/// Parents of the canary test; `WASMOP_CANARY_n` changes it for the numbers in
+/// Parents of the canary test; `WASMOP_CANARY_PARENTS` changes it for the numbers in
 /// `docs/benchmarks.md`.
 fn parents() -> usize {
-    std::env::var("WASMOP_CANARY_n")
+    std::env::var("WASMOP_CANARY_PARENTS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(100)
