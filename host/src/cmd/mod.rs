@@ -25,6 +25,16 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+/// Writes `text` to stdout. A reader that went away (`| head`) is no error: the rest is
+/// dropped, and the command still ends with its own exit status.
+pub fn print(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => Ok(other?),
+    }
+}
+
 /// Reads a module from `path` and loads it in a one-slot sandbox with default limits, for the
 /// offline commands: a module that would not load in the host is refused here too.
 pub fn load_module(path: &std::path::Path) -> anyhow::Result<(Vec<u8>, crate::sandbox::Plugin)> {

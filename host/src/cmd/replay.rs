@@ -77,7 +77,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
             continue;
         }
         differ += 1;
-        print!("{}", describe(&record.parent, &diff));
+        super::print(&describe(&record.parent, &diff))?;
     }
     let n = meta.parents.len();
     if differ > 0 {

@@ -48,14 +48,13 @@ pub fn run(args: RolloutArgs) -> anyhow::Result<()> {
             );
         }
         match args.verb {
-            RolloutVerb::Status => print!("{}", status(plugin, &all)),
+            RolloutVerb::Status => super::print(&status(plugin, &all))?,
             RolloutVerb::Diff => {
                 let c = candidate(&all)
                     .with_context(|| format!("no candidate of plugin {plugin} is previewed or rolling out"))?;
                 match &c.preview {
                     Some((summary, diff)) => {
-                        println!("{}: {summary}", describe(c));
-                        print!("{diff}");
+                        super::print(&format!("{}: {summary}\n{diff}", describe(c)))?;
                     }
                     None => bail!(
                         "{} has no preview yet (set {}=preview on ConfigMap {plugin} to preview new revisions)",
@@ -64,7 +63,7 @@ pub fn run(args: RolloutArgs) -> anyhow::Result<()> {
                     ),
                 }
             }
-            RolloutVerb::History => print!("{}", history(&all)),
+            RolloutVerb::History => super::print(&history(&all))?,
             RolloutVerb::Promote => {
                 let target = candidate(&all)
                     .or_else(|| all.iter().rev().find(|r| r.phase == Phase::Aborted))
@@ -226,9 +225,11 @@ pub fn status(plugin: &str, all: &[Revision]) -> String {
         && let Some(note) = &last.note
         && last.phase != Phase::Candidate
     {
-        out.push_str(
-            &format!("  revision {} ({:?}): {note}\n", last.number, last.phase).to_lowercase(),
-        );
+        out.push_str(&format!(
+            "  revision {} ({}): {note}\n",
+            last.number,
+            last.phase.as_str()
+        ));
     }
     out
 }
