@@ -88,13 +88,12 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
             &meta.digest[..meta.digest.len().min(19)]
         );
     }
-    println!(
-        "all {n} parents answered as revision {} ({} {}) did",
+    super::print(&format!(
+        "all {n} parents answered as revision {} ({} {}) did\n",
         meta.revision,
         meta.version,
         &meta.digest[..meta.digest.len().min(19)]
-    );
-    Ok(())
+    ))
 }
 
 /// What the host would do with an answer, as one JSON value to compare.
