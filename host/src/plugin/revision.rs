@@ -2,8 +2,8 @@
 //! `apps/v1 ControllerRevision` in the host's namespace, so history, rollback and a rollout in
 //! progress survive host restarts, failover and an overwritten ConfigMap.
 //!
-//! A revision is named `<configmap>-<hash of its parts>` and holds those [`Parts`] (module,
-//! settings, limit annotations) as a ConfigMap in `data`, which the API server keeps
+//! A revision is named `<configmap>-<hash of its parts>` and holds those parts (module,
+//! settings, limit annotations: [`super::source::Parts`]) as a ConfigMap in `data`, which the API server keeps
 //! immutable. Its `revision` number orders the history: a new version gets the next number, and
 //! so does an old one made live again, as a Deployment's `kubectl rollout undo` does. Labels
 //! carry what `kubectl get controllerrevisions -l wasmop.io/revision-of=<configmap>
@@ -19,8 +19,6 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
-
-use super::source::Parts;
 
 /// Label: the plugin ConfigMap a revision belongs to.
 pub const REVISION_OF_LABEL: &str = "wasmop.io/revision-of";
@@ -226,22 +224,23 @@ impl Revisions {
         Ok(all)
     }
 
-    /// The revision holding `parts`, recorded now with the next number if it is new; and every
-    /// revision of `configmap`, it included.
+    /// The revision named by `hash` (of the parts of a plugin ConfigMap that make a version),
+    /// recorded now with `stored` (those parts, as a ConfigMap) and the next number if it is
+    /// new; and every revision of `configmap`, it included.
     pub async fn record(
         &self,
         configmap: &str,
-        parts: &Parts,
+        (hash, stored): (&str, &ConfigMap),
         version: &str,
         digest: &str,
     ) -> Result<(Revision, Vec<Revision>), RevisionError> {
-        let name = format!("{configmap}-{}", parts.hash());
+        let name = format!("{configmap}-{hash}");
         let mut all = self.list(configmap).await?;
         if let Some(found) = all.iter().find(|r| r.name == name) {
             return Ok((found.clone(), all));
         }
         let number = all.last().map_or(1, |r| r.number + 1);
-        let data = serde_json::to_value(parts.to_configmap(configmap)).expect("serialises");
+        let data = serde_json::to_value(stored).expect("serialises");
         let cr = ControllerRevision {
             metadata: ObjectMeta {
                 name: Some(name.clone()),

@@ -91,6 +91,9 @@ fn elapsed() -> f64 {
         .as_secs_f64()
 }
 
+/// Where the part of the report file that the bench does not write begins.
+const KEPT_FROM: &str = "\n## Measured by the test suites\n";
+
 fn main() -> ExitCode {
     elapsed();
     tracing_subscriber::fmt()
@@ -267,7 +270,12 @@ async fn run(args: Args) -> Result<Report> {
     if let Some(dir) = out.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    std::fs::write(&out, &text)?;
+    // Numbers other runs measured (the test suites') follow the report and are kept.
+    let kept = std::fs::read_to_string(&out)
+        .ok()
+        .and_then(|old| old.find(KEPT_FROM).map(|i| old[i..].to_owned()))
+        .unwrap_or_default();
+    std::fs::write(&out, text.clone() + &kept)?;
     note!("report written to {}", out.display());
     Ok(report)
 }

@@ -1,0 +1,503 @@
+//! What the registry does with a revision that loaded, as its ConfigMap's rollout asks: make
+//! it live for every parent, preview it, or roll it out as a canary, then judge the canary's
+//! steps and end it (promoted or rolled back). Every decision is recorded on the revisions
+//! (see [`crate::plugin::revision`]) before or as it is acted on, so another host carries on.
+
+use k8s_openapi::jiff::Timestamp;
+
+use super::{Candidate, PREVIEW_PUBLISH, Published, Registry, State};
+use crate::config;
+use crate::kinds::Kinds;
+use crate::plugin::Loaded;
+use crate::plugin::notice::Notice;
+use crate::plugin::registry::Canary;
+use crate::plugin::revision::{MAX_PREVIEW_DIFF, Mark, Phase, Revision, RevisionError};
+use crate::plugin::rollout::{self, Rollout, Strategy, Verdict};
+use crate::plugin::source;
+
+impl Registry {
+    /// A version whose revision could not be recorded still goes live at once when that is
+    /// its strategy; a staged one waits, since nothing would keep its progress.
+    pub(super) async fn unrecorded(
+        &mut self,
+        configmap: &str,
+        loaded: Loaded,
+        kinds: Kinds,
+        rollout: &Rollout,
+        error: RevisionError,
+    ) {
+        if rollout.strategy == Strategy::Immediate {
+            let msg = format!(
+                "{error}; {} goes live without a revision (no history or undo for it)",
+                loaded.describe()
+            );
+            tracing::warn!(configmap, "{msg}");
+            self.notify(configmap, Notice::RevisionFailed, &msg);
+            self.run_live(configmap, loaded, kinds).await;
+            return;
+        }
+        let Some(slot) = self.slots.get_mut(configmap) else {
+            return;
+        };
+        let msg = format!(
+            "{error}; a canary needs its revision recorded: checking again every {}s",
+            config::ACCESS_RETRY.as_secs()
+        );
+        let first = slot.state != State::Waiting(msg.clone());
+        slot.state = State::Waiting(msg.clone());
+        let seq = slot.seq;
+        if first {
+            tracing::warn!(configmap, "{msg}");
+            self.notify(configmap, Notice::RevisionFailed, &msg);
+        }
+        self.retry(configmap, seq, config::ACCESS_RETRY);
+    }
+
+    /// Makes `this` revision live for every parent: ends any canary, records the phases
+    /// (the old live revision retired, one made live again renumbered) and prunes the history.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn go_live(
+        &mut self,
+        configmap: &str,
+        mut loaded: Loaded,
+        kinds: Kinds,
+        this: Revision,
+        all: &[Revision],
+        rollout: &Rollout,
+        note: Option<String>,
+    ) {
+        let top = all.iter().map(|r| r.number).max().unwrap_or(this.number);
+        let renumber = matches!(this.phase, Phase::Retired | Phase::Aborted) && this.number < top;
+        let number = if renumber { top + 1 } else { this.number };
+        loaded.revision = Some(number);
+        let slot = self.slots.get_mut(configmap).expect("slot exists");
+        let candidate = slot.candidate.take();
+        let unchanged = slot.running.as_ref().is_some_and(|r| r.same_as(&loaded));
+        if unchanged {
+            slot.state = State::Running;
+        } else {
+            self.run_live(configmap, loaded, kinds).await;
+        }
+        if candidate.is_some() {
+            self.supervisor.route(configmap, None).await;
+        }
+        let mut marks = Vec::new();
+        if this.phase != Phase::Live || renumber || note.is_some() {
+            marks.push((
+                this.name.clone(),
+                Mark {
+                    phase: Some(Phase::Live),
+                    number: renumber.then_some(number),
+                    step: None,
+                    note: Some(note.unwrap_or_default()),
+                },
+            ));
+        }
+        for r in all.iter().filter(|r| r.name != this.name) {
+            let phase = match r.phase {
+                Phase::Live => Phase::Retired,
+                Phase::Candidate => Phase::Aborted,
+                _ => continue,
+            };
+            let note = (phase == Phase::Aborted)
+                .then(|| format!("superseded by revision {number} before its canary ended"));
+            marks.push((
+                r.name.clone(),
+                Mark {
+                    phase: Some(phase),
+                    number: None,
+                    step: None,
+                    note,
+                },
+            ));
+        }
+        self.write_marks(configmap, marks).await;
+        let mut after = all.to_vec();
+        for r in after.iter_mut() {
+            if r.name == this.name {
+                r.phase = Phase::Live;
+                r.number = number;
+            } else if matches!(r.phase, Phase::Live | Phase::Candidate) {
+                r.phase = Phase::Retired;
+            }
+        }
+        if let Err(e) = self.revisions.prune(&after, rollout.history).await {
+            tracing::warn!(configmap, error = %e, "could not prune old revisions");
+        }
+    }
+
+    pub(super) async fn write_marks(&mut self, configmap: &str, marks: Vec<(String, Mark)>) {
+        for (name, mark) in marks {
+            if let Err(e) = self.revisions.mark(&name, mark).await {
+                let msg = e.to_string();
+                tracing::warn!(configmap, error = %msg, "could not record a revision's phase");
+                self.notify(configmap, Notice::RevisionFailed, &msg);
+            }
+        }
+    }
+
+    /// Makes sure the `live` revision is what runs for `configmap`, loading it from the
+    /// cluster when the ConfigMap holds another (a canary, or an aborted revision, after a
+    /// restart). `false` when it could not be loaded: nothing runs then, and the state says why.
+    pub(super) async fn ensure_live(&mut self, configmap: &str, live: &Revision) -> bool {
+        let slot = self.slots.get(configmap).expect("slot exists");
+        if slot
+            .running
+            .as_ref()
+            .is_some_and(|r| r.revision == Some(live.number) && r.plugin.digest() == live.digest)
+        {
+            return true;
+        }
+        let loaded = match self.revisions.configmap(&live.name).await {
+            Ok(cm) => match source::read(&cm, &self.defaults) {
+                Ok(source) => self.loader.load(source).await.map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            },
+            Err(e) => Err(e.to_string()),
+        };
+        match loaded {
+            Ok((mut loaded, kinds)) => {
+                loaded.revision = Some(live.number);
+                self.run_live(configmap, loaded, kinds).await;
+                true
+            }
+            Err(e) => {
+                let msg = format!("the live revision {} could not be loaded: {e}", live.number);
+                self.fail(configmap, Notice::RevisionFailed, msg);
+                false
+            }
+        }
+    }
+
+    /// Runs `this` revision as a canary at `step`, beside the live one.
+    pub(super) async fn canary(
+        &mut self,
+        configmap: &str,
+        mut loaded: Loaded,
+        kinds: Kinds,
+        this: Revision,
+        rollout: Rollout,
+        step: usize,
+    ) {
+        self.drop_candidate(configmap, &this).await;
+        loaded.revision = Some(this.number);
+        let slot = self.slots.get_mut(configmap).expect("slot exists");
+        let same_step = slot
+            .candidate
+            .as_ref()
+            .is_some_and(|c| c.revision.name == this.name && c.step == step && c.preview.is_none());
+        let resumed = this.phase == Phase::Candidate && this.step == Some(step);
+        let started = match (&slot.candidate, resumed, this.step_started) {
+            (Some(c), _, _) if same_step => c.started,
+            (_, true, Some(t)) => t,
+            _ => Timestamp::now(),
+        };
+        slot.candidate = Some(Candidate {
+            loaded,
+            kinds,
+            revision: this,
+            rollout,
+            step,
+            started,
+            preview: None,
+        });
+        slot.state = State::Running;
+        if !same_step {
+            self.step(configmap, step, started, resumed).await;
+        }
+    }
+
+    /// Previews `this` revision for every parent beside the live one, writing nothing.
+    pub(super) async fn preview(
+        &mut self,
+        configmap: &str,
+        mut loaded: Loaded,
+        kinds: Kinds,
+        this: Revision,
+        rollout: Rollout,
+    ) {
+        self.drop_candidate(configmap, &this).await;
+        loaded.revision = Some(this.number);
+        let slot = self.slots.get_mut(configmap).expect("slot exists");
+        slot.state = State::Running;
+        if let Some(c) = slot.candidate.as_mut()
+            && c.revision.name == this.name
+            && c.preview.is_some()
+        {
+            c.rollout = rollout;
+            return;
+        }
+        let canary = Canary {
+            loaded: loaded.clone(),
+            kinds: kinds.clone(),
+            weight: 0,
+            preview: true,
+        };
+        let msg = format!(
+            "previewing {} for every parent: nothing is written until it is promoted (wasmop rollout promote {configmap}); see wasmop rollout diff {configmap}",
+            loaded.describe()
+        );
+        let name = this.name.clone();
+        slot.candidate = Some(Candidate {
+            loaded,
+            kinds,
+            revision: this,
+            rollout,
+            step: 0,
+            started: Timestamp::now(),
+            preview: Some(Published::default()),
+        });
+        self.supervisor.route(configmap, Some(canary)).await;
+        let mark = Mark {
+            phase: Some(Phase::Candidate),
+            number: None,
+            step: None,
+            note: Some(String::new()),
+        };
+        self.write_marks(configmap, vec![(name, mark)]).await;
+        tracing::info!(configmap, "{msg}");
+        self.notify(configmap, Notice::Canary, &msg);
+    }
+
+    /// Writes what each preview would change to its revision, when it changed, at most every
+    /// [`PREVIEW_PUBLISH`].
+    pub(super) async fn publish_previews(&mut self) {
+        let names: Vec<String> = self
+            .slots
+            .iter()
+            .filter(|(_, s)| s.candidate.as_ref().is_some_and(|c| c.preview.is_some()))
+            .map(|(n, _)| n.clone())
+            .collect();
+        for configmap in names {
+            if !self.supervisor.is_synced(&configmap) {
+                continue;
+            }
+            let Some(report) = self.supervisor.preview_report(&configmap) else {
+                continue;
+            };
+            let c = self.slots[&configmap].candidate.as_ref().expect("listed");
+            let published = c.preview.as_ref().expect("listed");
+            let (summary, diff) = (report.summary(), report.diff(MAX_PREVIEW_DIFF));
+            let due = published
+                .at
+                .is_none_or(|at| at.elapsed() >= PREVIEW_PUBLISH);
+            if !due || (published.summary == summary && published.diff == diff) {
+                continue;
+            }
+            let name = c.revision.name.clone();
+            let complete = report.previewed >= report.parents && !published.complete;
+            if let Err(e) = self.revisions.publish_preview(&name, &summary, &diff).await {
+                tracing::warn!(configmap, error = %e, "could not publish the preview");
+                continue;
+            }
+            let c = self
+                .slots
+                .get_mut(&configmap)
+                .and_then(|s| s.candidate.as_mut())
+                .expect("listed");
+            let what = c.loaded.describe();
+            let published = c.preview.as_mut().expect("listed");
+            published.summary = summary.clone();
+            published.diff = diff;
+            published.at = Some(std::time::Instant::now());
+            if complete {
+                published.complete = true;
+                let msg = format!("preview of {what}: {summary}");
+                tracing::info!(configmap, "{msg}");
+                self.notify(&configmap, Notice::Previewed, &msg);
+            }
+        }
+    }
+
+    /// Sends the candidate's weight for `step` to its controller, records it on its revision
+    /// and says so in an Event.
+    pub(super) async fn step(
+        &mut self,
+        configmap: &str,
+        step: usize,
+        started: Timestamp,
+        resumed: bool,
+    ) {
+        let Some(c) = self
+            .slots
+            .get_mut(configmap)
+            .and_then(|s| s.candidate.as_mut())
+        else {
+            return;
+        };
+        c.step = step;
+        c.started = started;
+        let weight = c.rollout.steps[step];
+        let steps = c.rollout.steps.len();
+        let canary = Canary {
+            loaded: c.loaded.clone(),
+            kinds: c.kinds.clone(),
+            weight,
+            preview: false,
+        };
+        let name = c.revision.name.clone();
+        let msg = format!(
+            "{} {} {weight}% of parents (step {} of {steps}); the rest stay on {}",
+            c.loaded.describe(),
+            if resumed { "still serves" } else { "serves" },
+            step + 1,
+            self.slots[configmap]
+                .running
+                .as_ref()
+                .map(Loaded::describe)
+                .unwrap_or_default(),
+        );
+        self.supervisor.route(configmap, Some(canary)).await;
+        if !resumed {
+            let mark = Mark {
+                phase: Some(Phase::Candidate),
+                number: None,
+                step: Some((step, steps, weight, started)),
+                note: Some(String::new()),
+            };
+            self.write_marks(configmap, vec![(name, mark)]).await;
+        }
+        tracing::info!(configmap, "{msg}");
+        self.notify(configmap, Notice::Canary, &msg);
+    }
+
+    /// Moves every canary on, promotes it or aborts it, as its health gate says.
+    pub(super) async fn judge_canaries(&mut self) {
+        let names: Vec<String> = self
+            .slots
+            .iter()
+            .filter(|(_, s)| s.candidate.as_ref().is_some_and(|c| c.preview.is_none()))
+            .map(|(n, _)| n.clone())
+            .collect();
+        for configmap in names {
+            // Before its caches are synced a controller sees no parents: no evidence either way.
+            if !self.supervisor.is_synced(&configmap) {
+                continue;
+            }
+            let Some(report) = self.supervisor.canary_report(&configmap) else {
+                continue;
+            };
+            let c = self.slots[&configmap].candidate.as_ref().expect("listed");
+            let elapsed = Timestamp::now()
+                .duration_since(c.started)
+                .try_into()
+                .unwrap_or_default();
+            match rollout::judge(&c.rollout, c.step, elapsed, &report) {
+                Verdict::Wait => {}
+                Verdict::Next(step) => self.step(&configmap, step, Timestamp::now(), false).await,
+                Verdict::Promote => self.promote(&configmap).await,
+                Verdict::Abort(why) => self.abort(&configmap, None, why).await,
+            }
+        }
+    }
+
+    /// Makes the candidate live after its last step.
+    pub(super) async fn promote(&mut self, configmap: &str) {
+        let Some(c) = self.slots.get(configmap).and_then(|s| s.candidate.as_ref()) else {
+            return;
+        };
+        let (loaded, kinds, revision, rollout) = (
+            c.loaded.clone(),
+            c.kinds.clone(),
+            c.revision.clone(),
+            c.rollout.clone(),
+        );
+        let all = match self.revisions.list(configmap).await {
+            Ok(all) => all,
+            Err(e) => {
+                // The canary goes on as it is; the next tick tries again.
+                tracing::warn!(configmap, error = %e, "could not read the revisions to promote the candidate");
+                return;
+            }
+        };
+        let this = all
+            .iter()
+            .find(|r| r.name == revision.name)
+            .cloned()
+            .unwrap_or(revision);
+        let steps: Vec<String> = rollout.steps.iter().map(|w| format!("{w}%")).collect();
+        let note = format!(
+            "promoted after {} canary steps ({})",
+            steps.len(),
+            steps.join(", ")
+        );
+        self.go_live(configmap, loaded, kinds, this, &all, &rollout, Some(note))
+            .await;
+    }
+
+    /// Rolls the candidate back (or marks `this` aborted when no canary of it runs): the
+    /// parents it reconciled are reconciled again by the live revision.
+    pub(super) async fn abort(&mut self, configmap: &str, this: Option<&Revision>, why: String) {
+        let candidate = self
+            .slots
+            .get_mut(configmap)
+            .and_then(|s| s.candidate.take());
+        let (name, number, what, step) = match (&candidate, this) {
+            (Some(c), _) if c.preview.is_some() => (
+                c.revision.name.clone(),
+                c.revision.number,
+                c.loaded.describe(),
+                " (a preview: nothing of it was written)".to_owned(),
+            ),
+            (Some(c), _) => (
+                c.revision.name.clone(),
+                c.revision.number,
+                c.loaded.describe(),
+                format!(" at step {} ({}%)", c.step + 1, c.rollout.steps[c.step]),
+            ),
+            (None, Some(t)) => (
+                t.name.clone(),
+                t.number,
+                format!("revision {}", t.number),
+                String::new(),
+            ),
+            (None, None) => return,
+        };
+        if candidate.is_some() {
+            self.supervisor.route(configmap, None).await;
+        }
+        let mark = Mark {
+            phase: Some(Phase::Aborted),
+            number: None,
+            step: None,
+            note: Some(why.clone()),
+        };
+        self.write_marks(configmap, vec![(name, mark)]).await;
+        let live = self.slots[configmap]
+            .running
+            .as_ref()
+            .map(Loaded::describe)
+            .unwrap_or_default();
+        let msg = format!(
+            "rolled back {what}{step}: {why}; the parents it reconciled are reconciled again with {live}. Revision {number} runs again only when promoted (wasmop rollout promote {configmap})"
+        );
+        self.fail(configmap, Notice::RolloutAborted, msg);
+    }
+
+    /// Ends the canary of a revision other than `this` (the ConfigMap moved on from it).
+    pub(super) async fn drop_candidate(&mut self, configmap: &str, this: &Revision) {
+        let Some(slot) = self.slots.get_mut(configmap) else {
+            return;
+        };
+        if slot
+            .candidate
+            .as_ref()
+            .is_none_or(|c| c.revision.name == this.name)
+        {
+            return;
+        }
+        let c = slot.candidate.take().expect("checked");
+        self.supervisor.route(configmap, None).await;
+        let mark = Mark {
+            phase: Some(Phase::Aborted),
+            number: None,
+            step: None,
+            note: Some(format!(
+                "superseded by revision {} before its canary ended",
+                this.number
+            )),
+        };
+        self.write_marks(configmap, vec![(c.revision.name, mark)])
+            .await;
+    }
+}
