@@ -38,6 +38,9 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
     let manifest = plugin.manifest();
     let mut differ = 0;
     for file in &meta.parents {
+        if file.contains('/') || file.starts_with('.') {
+            bail!("{META_FILE} names {file:?}: a capture's files are in its own directory");
+        }
         let record: Record = read(&dir.join(file))?;
         let kind = KindRef::of_object(&record.request.parent);
         if !kind

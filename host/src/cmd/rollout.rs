@@ -90,7 +90,7 @@ pub fn run(args: RolloutArgs) -> anyhow::Result<()> {
                     .get(plugin)
                     .await
                     .with_context(|| format!("reading ConfigMap {}/{plugin}", args.namespace))?;
-                restore(&mut cm, &stored);
+                restore(&mut cm, &stored, target.number);
                 configmaps
                     .replace(plugin, &PostParams::default(), &cm)
                     .await
@@ -137,8 +137,9 @@ fn undo_target(all: &[Revision], to: Option<i64>) -> anyhow::Result<&Revision> {
 }
 
 /// Puts the module, settings and limit annotations of `stored` into `cm`, keeping the rest
-/// (its labels, its rollout annotations) and dropping a pending promote or abort.
-fn restore(cm: &mut ConfigMap, stored: &ConfigMap) {
+/// (its labels, its rollout annotations), and asks for revision `number` to go live at once
+/// (an undo is never staged, even to a revision once aborted).
+fn restore(cm: &mut ConfigMap, stored: &ConfigMap, number: i64) {
     let mut binary = cm.binary_data.take().unwrap_or_default();
     binary.retain(|k, _| !(k.ends_with(".wasm") || k.ends_with(".wasm.gz")));
     binary.extend(stored.binary_data.clone().unwrap_or_default());
@@ -163,6 +164,7 @@ fn restore(cm: &mut ConfigMap, stored: &ConfigMap) {
     if let Some(kept) = &stored.metadata.annotations {
         annotations.extend(kept.clone());
     }
+    annotations.insert(PROMOTE_ANNOTATION.to_owned(), number.to_string());
 }
 
 async fn annotate(api: &Api<ConfigMap>, plugin: &str, key: &str, n: i64) -> anyhow::Result<()> {
@@ -323,7 +325,7 @@ mod tests {
             )])),
             ..Default::default()
         };
-        restore(&mut cm, &stored);
+        restore(&mut cm, &stored, 2);
         assert_eq!(
             cm.binary_data.unwrap().into_keys().collect::<Vec<_>>(),
             ["memcached.wasm"]
@@ -334,7 +336,8 @@ mod tests {
             ann.get("wasmop.io/rollout").map(String::as_str),
             Some("canary")
         );
-        assert!(!ann.contains_key(DEADLINE_ANNOTATION) && !ann.contains_key(PROMOTE_ANNOTATION));
+        assert!(!ann.contains_key(DEADLINE_ANNOTATION));
+        assert_eq!(ann.get(PROMOTE_ANNOTATION).map(String::as_str), Some("2"));
     }
 
     #[test]

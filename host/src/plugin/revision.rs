@@ -219,7 +219,15 @@ impl Revisions {
                 name: format!("list of {configmap}"),
                 source,
             })?;
-        let mut all: Vec<Revision> = list.items.iter().map(Revision::from_object).collect();
+        // Only the host names revisions; one labelled for this plugin under another name is
+        // not one of its own.
+        let prefix = format!("{configmap}-");
+        let mut all: Vec<Revision> = list
+            .items
+            .iter()
+            .filter(|cr| cr.name_any().starts_with(&prefix))
+            .map(Revision::from_object)
+            .collect();
         all.sort_by_key(|r| r.number);
         Ok(all)
     }
@@ -237,9 +245,18 @@ impl Revisions {
         let name = format!("{configmap}-{hash}");
         let mut all = self.list(configmap).await?;
         if let Some(found) = all.iter().find(|r| r.name == name) {
+            if found.digest != digest {
+                return Err(RevisionError::Corrupt {
+                    name,
+                    reason: format!(
+                        "it names module {}, not the one loaded ({digest})",
+                        found.digest
+                    ),
+                });
+            }
             return Ok((found.clone(), all));
         }
-        let number = all.last().map_or(1, |r| r.number + 1);
+        let number = all.last().map_or(1, |r| r.number.saturating_add(1));
         let data = serde_json::to_value(stored).expect("serialises");
         let cr = ControllerRevision {
             metadata: ObjectMeta {

@@ -68,7 +68,11 @@ impl Registry {
     ) {
         let top = all.iter().map(|r| r.number).max().unwrap_or(this.number);
         let renumber = matches!(this.phase, Phase::Retired | Phase::Aborted) && this.number < top;
-        let number = if renumber { top + 1 } else { this.number };
+        let number = if renumber {
+            top.saturating_add(1)
+        } else {
+            this.number
+        };
         loaded.revision = Some(number);
         let slot = self.slots.get_mut(configmap).expect("slot exists");
         let candidate = slot.candidate.take();
