@@ -7,7 +7,7 @@
 //! immutable. Its `revision` number orders the history: a new version gets the next number, and
 //! so does an old one made live again, as a Deployment's `kubectl rollout undo` does. Labels
 //! carry what `kubectl get controllerrevisions -l wasmop.io/revision-of=<configmap>
-//! -L wasmop.io/phase,wasmop.io/version,wasmop.io/canary-weight` shows: which revision is
+//! -L wasmop.io/phase,wasmop.io/version,wasmop.io/module,wasmop.io/canary-weight` shows: which revision is
 //! live, which is a candidate and at what weight, which were retired or aborted.
 
 use std::collections::BTreeMap;
@@ -26,6 +26,8 @@ pub const REVISION_OF_LABEL: &str = "wasmop.io/revision-of";
 pub const PHASE_LABEL: &str = "wasmop.io/phase";
 /// Label: the manifest version (made a valid label value).
 pub const VERSION_LABEL: &str = "wasmop.io/version";
+/// Label: the first 12 hex digits of the module's digest, for `kubectl get -L`.
+pub const DIGEST_LABEL: &str = "wasmop.io/module";
 /// Label: the share of parents a candidate serves, in percent.
 pub const WEIGHT_LABEL: &str = "wasmop.io/canary-weight";
 /// Annotation: the module's digest.
@@ -265,6 +267,7 @@ impl Revisions {
                     (REVISION_OF_LABEL.to_owned(), configmap.to_owned()),
                     (PHASE_LABEL.to_owned(), Phase::New.as_str().to_owned()),
                     (VERSION_LABEL.to_owned(), label_value(version)),
+                    (DIGEST_LABEL.to_owned(), short_digest(digest)),
                 ])),
                 annotations: Some(BTreeMap::from([(
                     DIGEST_ANNOTATION.to_owned(),
@@ -411,6 +414,12 @@ pub fn doomed(all: &[Revision], limit: usize) -> Vec<&Revision> {
         .collect()
 }
 
+/// The first 12 hex digits of a `sha256:` digest.
+pub fn short_digest(digest: &str) -> String {
+    let hex = digest.strip_prefix("sha256:").unwrap_or(digest);
+    label_value(&hex[..hex.len().min(12)])
+}
+
 /// `version` as a label value: at most 63 characters of `[A-Za-z0-9._-]`, alphanumeric at both
 /// ends (a semver's `+build` becomes `_build`).
 pub fn label_value(version: &str) -> String {
@@ -464,6 +473,10 @@ mod tests {
         assert_eq!(label_value("1.0.0+build.7"), "1.0.0_build.7");
         assert_eq!(label_value("-x-"), "x");
         assert_eq!(label_value(&"9".repeat(80)).len(), 63);
+        assert_eq!(
+            short_digest(&format!("sha256:{}", "ab".repeat(32))),
+            "abababababab"
+        );
     }
 
     #[test]

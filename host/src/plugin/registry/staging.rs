@@ -76,7 +76,8 @@ impl Registry {
         loaded.revision = Some(number);
         let slot = self.slots.get_mut(configmap).expect("slot exists");
         let candidate = slot.candidate.take();
-        let unchanged = slot.running.as_ref().is_some_and(|r| r.same_as(&loaded));
+        // A paused plugin's controller is stopped: the same version must start it again.
+        let unchanged = !slot.paused && slot.running.as_ref().is_some_and(|r| r.same_as(&loaded));
         if unchanged {
             slot.state = State::Running;
         } else {
@@ -145,10 +146,10 @@ impl Registry {
     /// restart). `false` when it could not be loaded: nothing runs then, and the state says why.
     pub(super) async fn ensure_live(&mut self, configmap: &str, live: &Revision) -> bool {
         let slot = self.slots.get(configmap).expect("slot exists");
-        if slot
-            .running
-            .as_ref()
-            .is_some_and(|r| r.revision == Some(live.number) && r.plugin.digest() == live.digest)
+        if !slot.paused
+            && slot.running.as_ref().is_some_and(|r| {
+                r.revision == Some(live.number) && r.plugin.digest() == live.digest
+            })
         {
             return true;
         }
