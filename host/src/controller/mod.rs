@@ -225,7 +225,7 @@ impl ControllerHandle {
     pub fn canary_report(&self) -> Option<Report> {
         let tally = self.tally.lock().expect("tally lock");
         let (weight, tally) = tally.as_ref()?;
-        let covered: Vec<ObjKey> = self
+        let mut covered: Vec<ObjKey> = self
             .parents
             .list(None, |p| {
                 serves(
@@ -237,6 +237,8 @@ impl ControllerHandle {
             .iter()
             .map(|p| key_of(p))
             .collect();
+        // In name order, so the reasons an abort gives read the same from run to run.
+        covered.sort();
         let name = |(ns, name): &ObjKey| match ns {
             Some(ns) => format!("{ns}/{name}"),
             None => name.clone(),
