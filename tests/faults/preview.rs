@@ -215,12 +215,15 @@ async fn a_preview_writes_nothing_shows_each_diff_and_promotes() {
         "measured: promoted preview converged {m} parents in {:?}",
         promoted.elapsed()
     );
-    let phases: Vec<(i64, Phase)> = client
-        .list("memcached")
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|r| (r.number, r.phase))
-        .collect();
-    assert_eq!(phases, [(1, Phase::Retired), (2, Phase::Live)]);
+    testenv::wait_until(
+        "revision 2 live and revision 1 retired",
+        TIMEOUT,
+        || async { client.list("memcached").await.map_err(|e| e.to_string()) },
+        |all| {
+            all.iter().map(|r| (r.number, r.phase)).collect::<Vec<_>>()
+                == [(1, Phase::Retired), (2, Phase::Live)]
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nhost log:\n{}", host.logs()));
 }

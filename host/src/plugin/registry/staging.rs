@@ -86,18 +86,9 @@ impl Registry {
         if candidate.is_some() {
             self.supervisor.route(configmap, None).await;
         }
+        // The others first: a host that stops between the two sees one live revision or none
+        // (and then runs what the ConfigMap holds, which is this one), never two.
         let mut marks = Vec::new();
-        if this.phase != Phase::Live || renumber || note.is_some() {
-            marks.push((
-                this.name.clone(),
-                Mark {
-                    phase: Some(Phase::Live),
-                    number: renumber.then_some(number),
-                    step: None,
-                    note: Some(note.unwrap_or_default()),
-                },
-            ));
-        }
         for r in all.iter().filter(|r| r.name != this.name) {
             let phase = match r.phase {
                 Phase::Live => Phase::Retired,
@@ -113,6 +104,17 @@ impl Registry {
                     number: None,
                     step: None,
                     note,
+                },
+            ));
+        }
+        if this.phase != Phase::Live || renumber || note.is_some() {
+            marks.push((
+                this.name.clone(),
+                Mark {
+                    phase: Some(Phase::Live),
+                    number: renumber.then_some(number),
+                    step: None,
+                    note: Some(note.unwrap_or_default()),
                 },
             ));
         }
