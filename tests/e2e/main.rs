@@ -14,5 +14,6 @@ mod identity;
 mod in_process;
 mod leader;
 mod memcached;
+mod quiet;
 mod rollout;
 mod swap;

@@ -311,6 +311,9 @@ pub struct Shared {
     /// The related selectors each parent's last reconcile asked for, to map changes back.
     /// Ordered by key, so the parents of one namespace are one range.
     pub selectors: Mutex<BTreeMap<ObjKey, Related>>,
+    /// Per parent, the last request that changed nothing, and the requeue it asked for: the
+    /// same request again needs no sandbox call (see [`reconcile`]).
+    pub quiet: Mutex<HashMap<ObjKey, reconcile::Quiet>>,
 }
 
 /// What `related(parent)` returned for one parent, and for which version of both.
@@ -375,6 +378,7 @@ pub fn spawn(
         kinds: kinds.clone(),
         child_kinds,
         selectors: Mutex::default(),
+        quiet: Mutex::default(),
     });
     let (tx, rx) = mpsc::unbounded_channel();
     let name = loaded.plugin.manifest().name.clone();
@@ -760,6 +764,7 @@ impl Runner {
                             .lock()
                             .expect("selectors lock")
                             .remove(&key);
+                        self.shared.quiet.lock().expect("quiet lock").remove(&key);
                         if let Some(p) = self.previews.lock().expect("previews lock").as_mut() {
                             p.parents.remove(&key);
                         }

@@ -2,6 +2,11 @@
 //! finalizer → related selectors → gather → call the plugin → validate → apply and prune
 //! children → status → Events → finalizer removal.
 //!
+//! A plugin is a deterministic function of its request (see `docs/security.md`), so a request
+//! byte-identical to the last one the same version answered with nothing to do — no child
+//! applied or pruned, no status written, no Event, not finalizing — would change nothing again:
+//! it is not sent ([`Quiet`]). A resync at rest costs a gather and a hash, not a call.
+//!
 //! A failure anywhere puts `Ready=False` with a reason on the parent and a Warning Event naming
 //! the plugin version, and the controller retries with backoff. Children already applied stay
 //! as they are.
@@ -35,6 +40,32 @@ use crate::telemetry::metrics;
 use crate::telemetry::metrics::{CallLabels, PluginLabels, ReasonLabels, ResultLabels};
 use crate::text::truncate;
 use crate::watch::{ObjKey, undecodable};
+use sha2::{Digest, Sha256};
+
+/// The last request of a parent that changed nothing: its version, the request's hash, and
+/// the requeue it asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Quiet {
+    digest: String,
+    request: [u8; 32],
+    requeue_after: Option<Duration>,
+}
+
+impl Quiet {
+    fn of(loaded: &Loaded, encoded: &str, requeue_after: Option<Duration>) -> Quiet {
+        Quiet {
+            digest: loaded.plugin.digest().to_owned(),
+            request: Sha256::digest(encoded.as_bytes()).into(),
+            requeue_after,
+        }
+    }
+
+    /// Whether `encoded` is the request this one recorded, for the same version.
+    fn matches(&self, loaded: &Loaded, encoded: &str) -> bool {
+        self.digest == loaded.plugin.digest()
+            && self.request == <[u8; 32]>::from(Sha256::digest(encoded.as_bytes()))
+    }
+}
 
 /// What a successful reconcile asks of the queue.
 #[derive(Debug, Default)]
@@ -142,8 +173,19 @@ async fn steps(
     }
     // 2. Related selectors.
     let selectors = step.related_selectors().await?;
-    // 3. Gather and call.
-    let response = step.call(&selectors).await?;
+    // 3. Gather and call, unless the last reconcile of this very request changed nothing.
+    let encoded = step.encode(&selectors)?;
+    if !step.deleting
+        && let Some(requeue_after) = step.quiet(&encoded)
+    {
+        count_skipped(step.manifest());
+        return Ok(Outcome {
+            gone: false,
+            requeue_after,
+            status_deferred: false,
+        });
+    }
+    let response = step.call(encoded.clone()).await?;
     // 4. Validate: the same code `wasmop render` runs.
     let Validated {
         children,
@@ -172,9 +214,16 @@ async fn steps(
     // they were before, and be written again as soon as their watch events come back; so it
     // waits for that reconcile (once: a plugin whose children never settle still gets status).
     let status_deferred = may_defer_status && (applied.applied > 0 || applied.pruned > 0);
+    let mut status_written = false;
     if !step.deleting && !status_deferred {
-        step.write_status(status.as_ref()).await?;
+        status_written = step.write_status(status.as_ref()).await?;
     }
+    let quiet = !step.deleting
+        && applied.applied == 0
+        && applied.pruned == 0
+        && !status_written
+        && events.is_empty();
+    step.remember(quiet.then(|| Quiet::of(step.loaded, &encoded, requeue_after)));
     // 7. Events the plugin asked for.
     step.publish_events(&events);
     // 8. Finalizer removal once the plugin is done.
@@ -290,8 +339,8 @@ impl<'a> Step<'a> {
         Ok(selectors)
     }
 
-    /// Gathers the request from the caches and calls `reconcile`.
-    async fn call(&self, selectors: &[RelatedSelector]) -> Result<WireResponse, PluginError> {
+    /// Gathers the request from the caches, as the guest will receive it.
+    fn encode(&self, selectors: &[RelatedSelector]) -> Result<String, PluginError> {
         let mut request = gather::request(
             self.manifest(),
             &self.parent_json,
@@ -302,12 +351,37 @@ impl<'a> Step<'a> {
             self.deleting,
         );
         gather::stamp(&mut request, self.manifest(), Timestamp::now());
+        self.loaded.plugin.encode(&request)
+    }
+
+    /// Calls `reconcile` with an encoded request.
+    async fn call(&self, encoded: String) -> Result<WireResponse, PluginError> {
         timed(
             self.manifest(),
             "reconcile",
-            self.loaded.plugin.reconcile(&request),
+            self.loaded.plugin.reconcile_encoded(encoded),
         )
         .await
+    }
+
+    /// The requeue of the last quiet reconcile, if `encoded` is its request again.
+    fn quiet(&self, encoded: &str) -> Option<Option<Duration>> {
+        let key = crate::watch::key_of(self.parent);
+        let quiet = self.shared.quiet.lock().expect("quiet lock");
+        quiet
+            .get(&key)
+            .filter(|q| q.matches(self.loaded, encoded))
+            .map(|q| q.requeue_after)
+    }
+
+    /// Records (or, with `None`, forgets) the request of a reconcile that changed nothing.
+    fn remember(&self, quiet: Option<Quiet>) {
+        let key = crate::watch::key_of(self.parent);
+        let mut memo = self.shared.quiet.lock().expect("quiet lock");
+        match quiet {
+            Some(q) => memo.insert(key, q),
+            None => memo.remove(&key),
+        };
     }
 
     fn validate(&self, response: WireResponse) -> Result<Validated, ReconcileError> {
@@ -362,11 +436,11 @@ impl<'a> Step<'a> {
         Ok(report)
     }
 
-    /// The plugin's status with `Ready=True`, written only when it changed.
-    async fn write_status(&self, plugin_status: Option<&Value>) -> Result<(), ReconcileError> {
+    /// The plugin's status with `Ready=True`, written only when it changed; whether it was.
+    async fn write_status(&self, plugin_status: Option<&Value>) -> Result<bool, ReconcileError> {
         // A built-in kind's status belongs to its own controller, in its own schema.
         if self.shared.kinds.parent.is_builtin() {
-            return Ok(());
+            return Ok(false);
         }
         let ready = Ready {
             ok: true,
@@ -387,7 +461,6 @@ impl<'a> Step<'a> {
             &self.manifest().field_manager(),
         )
         .await
-        .map(|_| ())
         .map_err(ReconcileError::Status)
     }
 
@@ -428,7 +501,7 @@ pub async fn preview(shared: &Shared, loaded: &Loaded, key: &ObjKey) -> Option<P
         )
         .await?;
         parse_selectors(&shared.kinds, &selectors)?;
-        let response = step.call(&selectors).await?;
+        let response = step.call(step.encode(&selectors)?).await?;
         let validated = step.validate(response)?;
         let field_manager = step.manifest().field_manager();
         let planned = apply::plan(step.children(validated.children, &field_manager));
@@ -472,6 +545,15 @@ fn status_changes(current: Option<&Value>, plugin: Option<&Value>) -> Vec<FieldC
         None => Vec::new(),
         Some(p) => apply::preview::changes(&strip(current), &strip(Some(p))),
     }
+}
+
+fn count_skipped(manifest: &Manifest) {
+    metrics()
+        .reconciles_skipped
+        .get_or_create(&PluginLabels {
+            plugin: manifest.name.clone(),
+        })
+        .inc();
 }
 
 /// Runs one call into the sandbox and records how long it took.

@@ -112,6 +112,16 @@ impl Plugin {
         self.spawn(move |plugin| plugin.reconcile_json(&json)).await
     }
 
+    /// The request as the guest receives it (JSON), for [`Plugin::reconcile_encoded`].
+    pub fn encode(&self, req: &WireRequest) -> Result<String, PluginError> {
+        self.request_json(req)
+    }
+
+    /// One reconcile of a request [`Plugin::encode`]d already.
+    pub async fn reconcile_encoded(&self, json: String) -> Result<WireResponse, PluginError> {
+        self.spawn(move |plugin| plugin.reconcile_json(&json)).await
+    }
+
     /// [`Plugin::reconcile`] on the calling thread. Don't call it on an async runtime worker.
     pub fn reconcile_blocking(&self, req: &WireRequest) -> Result<WireResponse, PluginError> {
         let json = self.request_json(req)?;

@@ -5,6 +5,7 @@
 //! |---|---|
 //! | `wasmop_reconcile_total` | plugin, result (`success`, `error`) |
 //! | `wasmop_reconcile_errors_total` | plugin, reason (the `Ready` condition's reason) |
+//! | `wasmop_reconcile_skipped_total` | plugin (the request was the last quiet one again: no call) |
 //! | `wasmop_reconcile_duration_seconds` (histogram) | plugin |
 //! | `wasmop_plugin_call_duration_seconds` (histogram) | plugin, call (`related`, `reconcile`) |
 //! | `wasmop_plugin_loads_total` | configmap, result (`success`, `failure`) |
@@ -100,6 +101,8 @@ pub struct Metrics {
     pub reconciles: Family<ResultLabels, Counter>,
     /// Failed reconciles by reason.
     pub reconcile_errors: Family<ReasonLabels, Counter>,
+    /// Reconciles whose request was the last quiet one again, so nothing was called.
+    pub reconciles_skipped: Family<PluginLabels, Counter>,
     /// Time per reconcile, from the queue to the last write.
     pub reconcile_duration: Family<PluginLabels, Histogram>,
     /// Time per call into the sandbox.
@@ -135,6 +138,7 @@ impl Metrics {
             registry: Registry::with_prefix("wasmop"),
             reconciles: Family::default(),
             reconcile_errors: Family::default(),
+            reconciles_skipped: Family::default(),
             reconcile_duration,
             plugin_call_duration,
             plugin_loads: Family::default(),
@@ -153,6 +157,11 @@ impl Metrics {
             "reconcile_errors",
             "Failed reconciles, by plugin and reason",
             m.reconcile_errors.clone(),
+        );
+        r.register(
+            "reconcile_skipped",
+            "Reconciles whose request was byte-identical to the last one that changed nothing, so the plugin was not called",
+            m.reconciles_skipped.clone(),
         );
         r.register(
             "reconcile_duration_seconds",
