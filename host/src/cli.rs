@@ -23,6 +23,7 @@ pub enum Command {
     Run(RunArgs),
     /// Call a plugin offline on a parent and observed objects, and print what the host would
     /// apply.
+    #[command(after_help = crate::cmd::render::AFTER_HELP)]
     Render(RenderArgs),
     /// Print a plugin's manifest, digest and size.
     Inspect(InspectArgs),

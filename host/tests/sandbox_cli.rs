@@ -212,3 +212,103 @@ fn a_parent_of_another_kind_is_refused() {
         ],
     );
 }
+
+#[test]
+fn a_reader_that_goes_away_ends_the_output_quietly() {
+    use std::io::Read;
+    use std::process::Stdio;
+    // The packaged ConfigMap is far larger than a pipe's buffer, so the write meets the
+    // closed end, as `wasmop package plugin.wasm | head -1` does.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_wasmop"))
+        .args(["package", test_artifacts::MEMCACHED])
+        .env("XDG_CACHE_HOME", scratch("xdg"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running wasmop package");
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 64];
+    stdout.read_exact(&mut first).unwrap();
+    assert!(first.starts_with(b"# Plugin memcached"));
+    drop(stdout);
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "exit {:?}: {stderr}", out.status);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
+fn render_takes_an_unowned_child_and_says_what_it_leaves_out() {
+    let plugin = Path::new(test_artifacts::MEMCACHED);
+    let sample_yaml: Value =
+        serde_yaml::from_str(&std::fs::read_to_string(sample()).unwrap()).unwrap();
+    let name = sample_yaml["metadata"]["name"].as_str().unwrap().to_owned();
+    let ns = sample_yaml["metadata"]["namespace"]
+        .as_str()
+        .unwrap_or("default")
+        .to_owned();
+    let size = sample_yaml["spec"]["size"].as_i64().unwrap();
+    let observed = scratch("unowned");
+    // Written by hand, as an author does: no ownerReferences.
+    let deployment = json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"replicas": size},
+        "status": {"availableReplicas": size},
+    });
+    let stray = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "stray", "namespace": ns, "labels": {"app": "web"}}});
+    let secret = json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "s", "namespace": ns}});
+    std::fs::write(
+        observed.join("objects.json"),
+        json!({"apiVersion": "v1", "kind": "List", "items": [deployment, stray, secret]})
+            .to_string(),
+    )
+    .unwrap();
+    let out = wasmop(&[
+        "render",
+        "--plugin",
+        path_str(plugin),
+        "--parent",
+        path_str(&sample()),
+        "--observed",
+        path_str(&observed),
+    ]);
+    let text = stdout(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "note: observed Deployment {ns}/{name} has no controller ownerReference: taken as a child of Memcached {ns}/{name}"
+        )),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "note: observed Pod {ns}/stray left out of the request: no selector the plugin's related() returned matches its labels"
+        )),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "note: observed Secret {ns}/s left out of the request: v1 Secret is neither a child nor a related kind of plugin memcached"
+        )),
+        "{stderr}"
+    );
+    // The plugin saw its Deployment: it is available, and nothing says it was created.
+    let docs = documents(&text);
+    let result = docs.iter().find(|d| d["kind"] == "Result").unwrap();
+    let available = result["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Available")
+        .unwrap();
+    assert_eq!(available["status"], "True", "{text}");
+    assert!(
+        !docs
+            .iter()
+            .any(|d| d["kind"] == "Event" && d["reason"] == "Created"),
+        "{text}"
+    );
+}

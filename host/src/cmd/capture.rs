@@ -181,14 +181,13 @@ async fn capture(args: CaptureArgs) -> anyhow::Result<()> {
         parents: files.clone(),
     };
     write_json(&out.join(META_FILE), &meta)?;
-    println!(
-        "captured {} parents of plugin {plugin_name} (revision {revision}, {} {}) into {}",
+    super::print(&format!(
+        "captured {} parents of plugin {plugin_name} (revision {revision}, {} {}) into {}\n",
         files.len(),
         manifest.name,
         manifest.version,
         out.display()
-    );
-    Ok(())
+    ))
 }
 
 /// `apiVersion Kind` → namespaced, for every kind.

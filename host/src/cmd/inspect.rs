@@ -30,7 +30,7 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
         size_gzip: gzip_size(&wasm)?,
         manifest: plugin.manifest(),
     };
-    print!("{}", serde_yaml::to_string(&report)?);
+    super::print(&serde_yaml::to_string(&report)?)?;
     Ok(())
 }
 

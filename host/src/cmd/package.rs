@@ -77,19 +77,18 @@ pub fn run(args: PackageArgs) -> anyhow::Result<()> {
     let manifest = plugin.manifest();
     let name = args.name.unwrap_or_else(|| manifest.name.clone());
     let packaged = package(&wasm, &name, &args.namespace, settings)?;
-    println!(
+    super::print(&format!(
         "# Plugin {} {}, {}: {} bytes, stored as {} ({} bytes).\n\
          # Apply with `kubectl apply --server-side -f -`: a client-side apply would also copy the\n\
-         # module into an annotation, and annotations hold at most 256 KiB.",
+         # module into an annotation, and annotations hold at most 256 KiB.\n{}",
         manifest.name,
         manifest.version,
         plugin.digest(),
         wasm.len(),
         packaged.key,
-        packaged.stored
-    );
-    print!("{}", serde_yaml::to_string(&packaged.configmap)?);
-    Ok(())
+        packaged.stored,
+        serde_yaml::to_string(&packaged.configmap)?
+    ))
 }
 
 /// Builds the ConfigMap named `name` in `namespace` for `wasm`, gzipped when that is smaller.

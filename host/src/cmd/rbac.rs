@@ -55,7 +55,7 @@ pub fn run(args: RbacArgs) -> anyhow::Result<()> {
         watch_namespace: args.watch_namespace,
         plurals: args.plurals,
     };
-    print!("{}", render(plugin.manifest(), &options)?);
+    super::print(&render(plugin.manifest(), &options)?)?;
     Ok(())
 }
 

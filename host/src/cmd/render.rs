@@ -24,7 +24,10 @@
 //! its file names no namespace) unless its kind is a well-known cluster-scoped one, and so are
 //! children. A parent without `metadata.uid` gets a made-up one derived from its kind and name,
 //! and observed children count as controlled when a controller ownerReference names the parent
-//! by UID or by kind and name.
+//! by UID or by kind and name. An observed object of a child kind in the parent's namespace
+//! with no controller is taken as the parent's child, as the host would see it after applying
+//! it; no input is dropped silently: each observed object the request leaves out gets a
+//! `note:` on stderr saying why (`render --help` lists the rules).
 
 use std::path::{Path, PathBuf};
 
@@ -32,8 +35,9 @@ use anyhow::{Context, bail};
 use serde::Deserialize as _;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
-use wasmop_contract::KindRef;
 use wasmop_contract::validate::{self, Target, Validated};
+use wasmop_contract::wire::WireRequest;
+use wasmop_contract::{KindRef, Manifest};
 
 use crate::cli::RenderArgs;
 use crate::gather::{self, ObjectList};
@@ -54,7 +58,10 @@ Validation warnings and plugin logs (RUST_LOG, default wasmop::plugin=info) go t
 Without a cluster, the parent is namespaced (namespace `default` if its file has none) unless its
 kind is a built-in cluster-scoped one; a parent without a uid gets a stable made-up one, and
 observed children count as controlled when a controller ownerReference names the parent by uid
-or by kind and name.";
+or by kind and name. An observed object of a child kind in the parent's namespace with no
+controller at all is taken as the parent's child (a `note:` on stderr says so); every observed
+object the request leaves out gets a `note:` saying why (another controller, another
+namespace, no matching selector, a kind the plugin does not declare).";
 
 /// The API group of render's own output documents.
 pub const RENDER_API_VERSION: &str = "render.wasmop.io/v1";
@@ -97,31 +104,40 @@ pub fn run(args: RenderArgs) -> anyhow::Result<()> {
     let parent_scope = known_scope(&parent_kind).unwrap_or(Scope::Namespaced);
     let parent_name = prepare_parent(&mut parent, parent_scope)
         .with_context(|| format!("parent {}", args.parent.display()))?;
+    let mut observed = observed;
+    for note in adopt(manifest, &parent, parent_scope, &mut observed) {
+        eprintln!("note: {note}");
+    }
+    let objects = ObjectList::new(observed).with_owner_fallback(parent_kind, &parent_name);
 
-    let validated = render(
+    let (validated, request) = render(
         &plugin,
         &parent,
         parent_scope,
-        ObjectList::new(observed).with_owner_fallback(parent_kind, &parent_name),
+        &objects,
         &settings,
         args.finalizing,
     )?;
+    for note in left_out(manifest, &parent, parent_scope, objects.objects(), &request) {
+        eprintln!("note: {note}");
+    }
     for warning in &validated.warnings {
         eprintln!("warning: {warning}");
     }
-    print!("{}", to_yaml_stream(&plugin, &validated, args.finalizing)?);
+    super::print(&to_yaml_stream(&plugin, &validated, args.finalizing)?)?;
     Ok(())
 }
 
-/// The part of render shared with tests: related → gather → reconcile → validate.
+/// The part of render shared with tests: related → gather → reconcile → validate; with the
+/// request it sent.
 fn render(
     plugin: &Plugin,
     parent: &Value,
     parent_scope: Scope,
-    observed: ObjectList,
+    observed: &ObjectList,
     settings: &Value,
     finalizing: bool,
-) -> anyhow::Result<Validated> {
+) -> anyhow::Result<(Validated, WireRequest)> {
     let manifest = plugin.manifest();
     let selectors = plugin.related_blocking(parent)?;
     let mut request = gather::request(
@@ -129,7 +145,7 @@ fn render(
         parent,
         parent_scope,
         &selectors,
-        &observed,
+        observed,
         settings,
         finalizing,
     );
@@ -141,7 +157,116 @@ fn render(
         scope_of: &known_scope,
         parent_scope,
     };
-    Ok(validate::validate(&target, response)?)
+    Ok((validate::validate(&target, response)?, request))
+}
+
+/// Observed objects of a declared child kind, in the parent's namespace, with no controller
+/// at all are taken as the parent's children, given the controller reference the host would
+/// see once it had applied them; one note each.
+fn adopt(manifest: &Manifest, parent: &Value, scope: Scope, observed: &mut [Value]) -> Vec<String> {
+    let mut notes = Vec::new();
+    let parent_ns = parent
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str);
+    for obj in observed.iter_mut() {
+        let Some(kind) = KindRef::of_object(obj) else {
+            continue;
+        };
+        let declared = manifest.children.iter().any(|c| c.same_resource(&kind));
+        let same_ns = scope == Scope::Cluster
+            || obj.pointer("/metadata/namespace").and_then(Value::as_str) == parent_ns;
+        let controlled = obj
+            .pointer("/metadata/ownerReferences")
+            .and_then(Value::as_array)
+            .is_some_and(|refs| refs.iter().any(|r| r["controller"] == true));
+        if !declared || !same_ns || controlled {
+            continue;
+        }
+        let owner = json!({
+            "apiVersion": parent["apiVersion"],
+            "kind": parent["kind"],
+            "name": parent["metadata"]["name"],
+            "uid": parent["metadata"]["uid"],
+            "controller": true,
+            "blockOwnerDeletion": true,
+        });
+        let refs = obj["metadata"]
+            .as_object_mut()
+            .map(|m| m.entry("ownerReferences").or_insert_with(|| json!([])));
+        if let Some(Value::Array(refs)) = refs {
+            refs.push(owner);
+        }
+        notes.push(format!(
+            "observed {} has no controller ownerReference: taken as a child of {}, as the host sees a child once it applied it",
+            describe_object(obj, scope),
+            describe_object(parent, scope)
+        ));
+    }
+    notes
+}
+
+/// A note for each observed object the request does not hold, saying why.
+fn left_out(
+    manifest: &Manifest,
+    parent: &Value,
+    scope: Scope,
+    observed: &[Value],
+    request: &WireRequest,
+) -> Vec<String> {
+    let parent_ns = parent
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str);
+    let mut notes = Vec::new();
+    for obj in observed {
+        let Some(kind) = KindRef::of_object(obj) else {
+            continue;
+        };
+        let key = wasmop_contract::wire::object_key(obj, scope);
+        let held = |map: &std::collections::BTreeMap<String, wasmop_contract::wire::ByName>| {
+            map.get(&kind.key()).is_some_and(|m| m.contains_key(&key))
+        };
+        if held(&request.children) || held(&request.related) {
+            continue;
+        }
+        let in_ns = scope == Scope::Cluster
+            || obj.pointer("/metadata/namespace").and_then(Value::as_str) == parent_ns;
+        let why = if manifest.children.iter().any(|c| c.same_resource(&kind)) {
+            if in_ns {
+                "another object controls it, not the parent".to_owned()
+            } else {
+                "it is not in the parent's namespace".to_owned()
+            }
+        } else if manifest.related_kind(&kind).is_some() {
+            if in_ns {
+                "no selector the plugin's related() returned matches its labels".to_owned()
+            } else {
+                "it is not in the parent's namespace".to_owned()
+            }
+        } else {
+            format!(
+                "{} is neither a child nor a related kind of plugin {}",
+                kind, manifest.name
+            )
+        };
+        notes.push(format!(
+            "observed {} left out of the request: {why}",
+            describe_object(obj, scope)
+        ));
+    }
+    notes
+}
+
+/// `Kind namespace/name`, or `Kind name`.
+fn describe_object(obj: &Value, scope: Scope) -> String {
+    let kind = obj["kind"].as_str().unwrap_or_default();
+    let name = obj
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    match obj.pointer("/metadata/namespace").and_then(Value::as_str) {
+        Some(ns) if scope == Scope::Namespaced || !ns.is_empty() => format!("{kind} {ns}/{name}"),
+        _ => format!("{kind} {name}"),
+    }
 }
 
 /// Gives the parent what the API server would: a namespace and a UID. Returns its name.

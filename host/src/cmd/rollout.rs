@@ -69,19 +69,19 @@ pub fn run(args: RolloutArgs) -> anyhow::Result<()> {
                     .or_else(|| all.iter().rev().find(|r| r.phase == Phase::Aborted))
                     .with_context(|| format!("plugin {plugin} has no candidate or aborted revision to promote"))?;
                 annotate(&configmaps, plugin, PROMOTE_ANNOTATION, target.number).await?;
-                println!(
-                    "asked the host to make revision {} ({}) live for every parent",
+                super::print(&format!(
+                    "asked the host to make revision {} ({}) live for every parent\n",
                     target.number, target.version
-                );
+                ))?;
             }
             RolloutVerb::Abort => {
                 let target = candidate(&all)
                     .with_context(|| format!("no canary of plugin {plugin} is running"))?;
                 annotate(&configmaps, plugin, ABORT_ANNOTATION, target.number).await?;
-                println!(
-                    "asked the host to abort revision {} ({}); its parents go back to the live revision",
+                super::print(&format!(
+                    "asked the host to abort revision {} ({}); its parents go back to the live revision\n",
                     target.number, target.version
-                );
+                ))?;
             }
             RolloutVerb::Undo { to_revision } => {
                 let target = undo_target(&all, to_revision)?;
@@ -100,12 +100,12 @@ pub fn run(args: RolloutArgs) -> anyhow::Result<()> {
                             args.namespace
                         )
                     })?;
-                println!(
-                    "ConfigMap {plugin} holds revision {} again ({} {}); the host makes it live at once",
+                super::print(&format!(
+                    "ConfigMap {plugin} holds revision {} again ({} {}); the host makes it live at once\n",
                     target.number,
                     target.version,
                     short(&target.digest)
-                );
+                ))?;
             }
         }
         Ok(())
