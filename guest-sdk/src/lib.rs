@@ -68,6 +68,7 @@
 extern crate self as wasmop_guest;
 
 pub mod error;
+pub mod hash;
 pub mod log;
 pub mod request;
 pub mod response;

@@ -26,6 +26,7 @@
 
 use k8s_openapi::Resource;
 use serde::Serialize;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 use wasmop_contract::validate::{Target, validate};
 use wasmop_contract::{KindRef, Scope};
@@ -183,4 +184,65 @@ fn with_kind<K: Resource>(mut obj: Value) -> Value {
         map.entry("kind").or_insert_with(|| K::KIND.into());
     }
     obj
+}
+
+/// Typed access to what a response asks for, for tests:
+/// `resp.child::<Deployment>("web")`, `resp.children_of::<Service>()`.
+///
+/// ```
+/// use k8s_openapi::api::core::v1::ConfigMap;
+/// use wasmop_guest::testing::ResponseExt;
+/// use wasmop_guest::wire::WireResponse;
+///
+/// let resp = WireResponse {
+///     children: vec![serde_json::json!({
+///         "apiVersion": "v1", "kind": "ConfigMap",
+///         "metadata": {"name": "web"}, "data": {"a": "1"},
+///     })],
+///     ..Default::default()
+/// };
+/// let cm: ConfigMap = resp.child("web").expect("a ConfigMap named web");
+/// assert_eq!(cm.data.unwrap()["a"], "1");
+/// assert!(resp.child::<ConfigMap>("other").is_none());
+/// assert_eq!(resp.children_of::<ConfigMap>().len(), 1);
+/// ```
+pub trait ResponseExt {
+    /// The child of kind `K` named `name`, if the response has it.
+    ///
+    /// # Panics
+    ///
+    /// If that child does not deserialise as a `K`: the test has found a bad child.
+    fn child<K: Resource + DeserializeOwned>(&self, name: &str) -> Option<K>;
+    /// Every child of kind `K`, in response order.
+    fn children_of<K: Resource + DeserializeOwned>(&self) -> Vec<K>;
+}
+
+fn is_kind<K: Resource>(obj: &Value) -> bool {
+    obj["apiVersion"] == K::API_VERSION && obj["kind"] == K::KIND
+}
+
+fn decode<K: DeserializeOwned>(obj: &Value) -> K {
+    serde_json::from_value(obj.clone()).unwrap_or_else(|e| {
+        panic!(
+            "child {} does not deserialise: {e}",
+            obj["metadata"]["name"]
+        )
+    })
+}
+
+impl ResponseExt for WireResponse {
+    fn child<K: Resource + DeserializeOwned>(&self, name: &str) -> Option<K> {
+        self.children
+            .iter()
+            .find(|c| is_kind::<K>(c) && c["metadata"]["name"] == name)
+            .map(decode)
+    }
+
+    fn children_of<K: Resource + DeserializeOwned>(&self) -> Vec<K> {
+        self.children
+            .iter()
+            .filter(|c| is_kind::<K>(c))
+            .map(decode)
+            .collect()
+    }
 }
