@@ -46,7 +46,10 @@ use sha2::{Digest, Sha256};
 /// the requeue it asked for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Quiet {
+    // The version: what the host writes besides the plugin's answer (the `Ready` message)
+    // names the revision too.
     digest: String,
+    revision: Option<i64>,
     request: [u8; 32],
     requeue_after: Option<Duration>,
 }
@@ -55,6 +58,7 @@ impl Quiet {
     fn of(loaded: &Loaded, encoded: &str, requeue_after: Option<Duration>) -> Quiet {
         Quiet {
             digest: loaded.plugin.digest().to_owned(),
+            revision: loaded.revision,
             request: Sha256::digest(encoded.as_bytes()).into(),
             requeue_after,
         }
@@ -63,6 +67,7 @@ impl Quiet {
     /// Whether `encoded` is the request this one recorded, for the same version.
     fn matches(&self, loaded: &Loaded, encoded: &str) -> bool {
         self.digest == loaded.plugin.digest()
+            && self.revision == loaded.revision
             && self.request == <[u8; 32]>::from(Sha256::digest(encoded.as_bytes()))
     }
 }
