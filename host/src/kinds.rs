@@ -34,8 +34,7 @@ impl ResolvedKind {
     /// own controllers own its status: custom resources live in dotted groups outside
     /// `k8s.io`, which needs an approval to use.
     pub fn is_builtin(&self) -> bool {
-        let group = self.resource.group.as_str();
-        !group.contains('.') || group == "k8s.io" || group.ends_with(".k8s.io")
+        is_builtin_group(&self.resource.group)
     }
 
     /// The scope of this kind.
@@ -141,6 +140,12 @@ pub enum ResolveError {
         #[source]
         source: kube::Error,
     },
+}
+
+/// Whether an API group is Kubernetes' own (`""`, `apps`, `*.k8s.io`), whose kinds' status
+/// belongs to their built-in controllers.
+pub fn is_builtin_group(group: &str) -> bool {
+    !group.contains('.') || group == "k8s.io" || group.ends_with(".k8s.io")
 }
 
 /// Splits `apps/v1` into (`apps`, `v1`) and `v1` into (``, `v1`).

@@ -24,6 +24,15 @@ pub struct Ready {
     pub message: String,
 }
 
+/// `Ready=True` after a successful reconcile by `by` (a version, as `Loaded::describe` says it).
+pub fn reconciled(by: &str) -> Ready {
+    Ready {
+        ok: true,
+        reason: "Reconciled".into(),
+        message: format!("reconciled by {by}"),
+    }
+}
+
 /// The status to write: `plugin` (or, when the plugin said nothing or failed, the `observed`
 /// status) with the host's fields merged in. `now` is an RFC 3339 time.
 pub fn desired(

@@ -115,13 +115,38 @@ fn render_memcached_sample_with_pods() {
     assert_eq!(deployment["metadata"]["name"], name.as_str());
     assert_eq!(deployment["metadata"]["namespace"], namespace.as_str());
     assert_eq!(deployment["spec"]["replicas"], size);
-    assert!(deployment["metadata"].get("ownerReferences").is_none());
+    // What the host adds: its controller reference, its label, the desired-object hash.
+    let owner = &deployment["metadata"]["ownerReferences"][0];
+    assert_eq!(owner["kind"], "Memcached");
+    assert_eq!(owner["name"], name.as_str());
+    assert_eq!(owner["controller"], true);
+    assert_eq!(
+        deployment["metadata"]["labels"]["wasmop.io/managed-by"],
+        "memcached"
+    );
+    assert!(deployment["metadata"]["annotations"]["wasmop.io/desired-hash"].is_string());
 
     let result = &docs[1];
     assert_eq!(result["apiVersion"], "render.wasmop.io/v1");
     assert_eq!(result["kind"], "Result");
+    assert_eq!(result["fieldManager"], "wasmop/memcached");
     let nodes: Vec<String> = (0..3).map(|i| format!("{name}-{i}")).collect();
+    assert_eq!(result["pluginStatus"]["nodes"], json!(nodes));
+    // The status the host writes: the plugin's, with its own fields.
     assert_eq!(result["status"]["nodes"], json!(nodes));
+    let ready = result["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Ready")
+        .unwrap();
+    assert_eq!(ready["status"], "True");
+    assert!(
+        ready["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("reconciled by memcached ")
+    );
 
     let events: Vec<&Value> = docs[2..].iter().filter(|d| d["kind"] == "Event").collect();
     assert_eq!(events.len(), 1, "{text}");

@@ -142,6 +142,15 @@ pub struct Planned<'a> {
     pub conflicts: Vec<Conflict>,
 }
 
+/// Gives a validated child what the host adds before applying it: the hash of the plugin's
+/// object ([`diff::stamp`]), the controller `owner` reference, and [`MANAGED_BY_LABEL`]
+/// naming `plugin`. `wasmop render` shows children so prepared.
+pub fn prepare(child: &mut Value, owner: &OwnerReference, plugin: &str) {
+    diff::stamp(child);
+    ssa::set_owner(child, owner);
+    child["metadata"]["labels"][MANAGED_BY_LABEL] = Value::from(plugin);
+}
+
 /// Decides what to apply and prune, from the caches, writing nothing.
 pub fn plan<'a>(children: Children<'a>) -> Planned<'a> {
     let mut planned = Planned::default();
@@ -197,9 +206,7 @@ pub fn plan<'a>(children: Children<'a>) -> Planned<'a> {
             });
             continue;
         }
-        diff::stamp(&mut child);
-        ssa::set_owner(&mut child, &children.owner);
-        child["metadata"]["labels"][MANAGED_BY_LABEL] = Value::from(children.plugin);
+        prepare(&mut child, &children.owner, children.plugin);
         let up_to_date = current.as_ref().is_some_and(|c| {
             diff::is_subset(
                 &child,

@@ -8,11 +8,14 @@
 //! `--finalizing`.
 //!
 //! Output, a YAML stream on stdout:
-//! 1. every desired child after validation, as the host would apply it, except that the
-//!    controller ownerReference the host adds is not shown;
-//! 2. one `kind: Result` document (`apiVersion: render.wasmop.io/v1`) with the parent's
-//!    `status` (`null` when the plugin leaves it untouched), `requeueAfterSeconds` when set and,
-//!    with `--finalizing`, `finalized`;
+//! 1. every desired child after validation, as the host would apply it: with the controller
+//!    ownerReference to the parent, the `wasmop.io/managed-by` label and the desired-object
+//!    hash the host adds ([`crate::apply::prepare`]);
+//! 2. one `kind: Result` document (`apiVersion: render.wasmop.io/v1`) with the `fieldManager`
+//!    the host applies as, the `status` it would write (the plugin's, with `observedGeneration`
+//!    and the `Ready` condition; `null` for a built-in kind, whose status is its controller's),
+//!    the plugin's own `pluginStatus` (`null` when it leaves the status untouched),
+//!    `requeueAfterSeconds` when set and, with `--finalizing`, `finalized`;
 //! 3. one `kind: Event` document (`apiVersion: render.wasmop.io/v1`) per event, with `type`,
 //!    `reason` and `message`.
 //!
@@ -47,11 +50,14 @@ use crate::sandbox::{Limits, Plugin, Sandbox, SandboxConfig};
 /// The output format, for `wasmop render --help` (`#[command(after_help = …)]`).
 pub const AFTER_HELP: &str = "\
 Output: a YAML stream on stdout.
-  1. Each desired child after host validation, as the host would apply it (without the
-     controller ownerReference the host adds).
-  2. One `apiVersion: render.wasmop.io/v1, kind: Result` document: the parent's `status`
-     (null when the plugin leaves it untouched), `requeueAfterSeconds` when set and, with
-     --finalizing, `finalized`.
+  1. Each desired child after host validation, as the host would apply it: with the
+     controller ownerReference to the parent, the wasmop.io/managed-by label and the
+     wasmop.io/desired-hash annotation the host adds.
+  2. One `apiVersion: render.wasmop.io/v1, kind: Result` document: the `fieldManager` the host
+     applies as; the `status` it would write (the plugin's with `observedGeneration` and the
+     `Ready` condition; null for a built-in kind); the plugin's own `pluginStatus` (null when it
+     leaves the status untouched); `requeueAfterSeconds` when set and, with --finalizing,
+     `finalized`.
   3. One `apiVersion: render.wasmop.io/v1, kind: Event` document per event (type, reason,
      message).
 Validation warnings and plugin logs (RUST_LOG, default wasmop::plugin=info) go to stderr.
@@ -124,7 +130,12 @@ pub fn run(args: RenderArgs) -> anyhow::Result<()> {
     for warning in &validated.warnings {
         eprintln!("warning: {warning}");
     }
-    super::print(&to_yaml_stream(&plugin, &validated, args.finalizing)?)?;
+    super::print(&to_yaml_stream(
+        &plugin,
+        &parent,
+        &validated,
+        args.finalizing,
+    )?)?;
     Ok(())
 }
 
@@ -426,13 +437,15 @@ fn read_documents(path: &Path) -> anyhow::Result<Vec<Value>> {
 /// The YAML stream described in the module docs.
 fn to_yaml_stream(
     plugin: &Plugin,
+    parent: &Value,
     validated: &Validated,
     finalizing: bool,
 ) -> anyhow::Result<String> {
     let manifest = plugin.manifest();
+    let field_manager = manifest.field_manager();
     let mut out = format!(
         "# wasmop render: plugin {} {} ({})\n\
-         # {} child(ren) as the host would apply them, without the controller ownerReference it adds\n",
+         # {} child(ren) as the host would apply them, with server-side apply as field manager {field_manager}\n",
         manifest.name,
         manifest.version,
         plugin.digest(),
@@ -443,13 +456,46 @@ fn to_yaml_stream(
         out.push_str(&serde_yaml::to_string(doc)?);
         Ok(())
     };
+    let parent_obj: kube::api::DynamicObject =
+        serde_json::from_value(parent.clone()).context("the parent as an object")?;
+    let owner = crate::apply::ssa::owner_reference(
+        &parent_obj,
+        parent["apiVersion"].as_str().unwrap_or_default(),
+        parent["kind"].as_str().unwrap_or_default(),
+    );
     for child in &validated.children {
-        push(child)?;
+        let mut child = child.clone();
+        crate::apply::prepare(&mut child, &owner, &manifest.name);
+        push(&child)?;
     }
+    // What the host writes to the status subresource: the plugin's status with
+    // `observedGeneration` and `Ready`; nothing for a built-in kind, whose status is its own
+    // controller's. The transition time is now, as the host's would be.
+    let builtin =
+        KindRef::of_object(parent).is_some_and(|k| crate::kinds::is_builtin_group(k.group()));
+    let status = (!builtin).then(|| {
+        let ready = crate::status::reconciled(&format!(
+            "{} {} ({})",
+            manifest.name,
+            manifest.version,
+            &plugin.digest()[..plugin.digest().len().min(19)]
+        ));
+        crate::status::desired(
+            parent.get("status"),
+            validated.status.as_ref(),
+            parent
+                .pointer("/metadata/generation")
+                .and_then(Value::as_i64),
+            &ready,
+            &crate::status::now(),
+        )
+    });
     let mut result = json!({
         "apiVersion": RENDER_API_VERSION,
         "kind": "Result",
-        "status": validated.status,
+        "fieldManager": field_manager,
+        "status": status,
+        "pluginStatus": validated.status,
     });
     if let Some(after) = validated.requeue_after {
         result["requeueAfterSeconds"] = json!(after.as_secs());

@@ -447,11 +447,7 @@ impl<'a> Step<'a> {
         if self.shared.kinds.parent.is_builtin() {
             return Ok(false);
         }
-        let ready = Ready {
-            ok: true,
-            reason: "Reconciled".into(),
-            message: format!("reconciled by {}", self.loaded.describe()),
-        };
+        let ready = status::reconciled(&self.loaded.describe());
         let desired = status::desired(
             self.parent.data.get("status"),
             plugin_status,
