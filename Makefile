@@ -29,6 +29,8 @@ plane:
 lint:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	# The SDK and the contract it needs package and build on their own, as crates.io users get them.
+	cargo package -q -p wasmop-contract -p wasmop-guest --allow-dirty
 
 # Builds the Memcached plugin into deploy/plugins/, where `kubectl apply --server-side -k deploy/`
 # takes it from (kustomize reads files inside its own directory only).
