@@ -63,6 +63,29 @@
 //! assert_eq!(resp.children[0]["data"]["text"], "hello");
 //! ```
 
+//! # Notes for authors
+//!
+//! - **An Event when something changed.** A plugin keeps no state between calls, so it compares
+//!   what it observes with what it wants: the Memcached plugin reads its observed Deployment
+//!   (`req.child_as`) and adds a `Scaled` Event only when the observed replicas differ from the
+//!   desired ones. At steady state that records nothing, and the host then makes no call at all
+//!   on a resync whose request is unchanged.
+//! - **Size.** A module ships in a ConfigMap (1 MiB at most, gzipped if that is smaller). Build
+//!   the `wasm32-wasip2` target with `opt-level=z`, `codegen-units=1` and `strip=symbols` (this
+//!   repository's `.cargo/config.toml` sets them for that target only), and read
+//!   observed children into small structs of the fields you use rather than whole k8s-openapi
+//!   types, whose deserialisers are large (reading a whole `Deployment` about doubles the
+//!   Memcached module).
+//! - **A parent that does not deserialise** as [`Plugin::Parent`] fails the call before your
+//!   code runs — in `related` first, even when the plugin does not implement it — and the parent
+//!   gets `Ready=False`, reason `PluginFailed`, with serde's message (`parent: missing field …`).
+//!   Make fields that may be absent `Option` or `#[serde(default)]`.
+//! - **k8s-openapi 0.29:** `Deployment.spec` is a `DeploymentSpec`, not an `Option`, while
+//!   `Service.spec` and `PodDisruptionBudget.spec` are `Option`s; the pod template's `spec` is an
+//!   `Option` too.
+//! - **Stable hashes.** For a config-hash annotation that rolls pods when their ConfigMap
+//!   changes, use [`hash::stable_hash`]: std's hashers differ between processes and releases.
+
 // Lets the paths baked into the generated bindings (`wasmop_guest::…`) resolve inside this
 // crate as well as in plugin crates.
 extern crate self as wasmop_guest;

@@ -433,7 +433,7 @@ impl Registry {
     }
 
     /// Records the revision that loaded and decides, as its ConfigMap's rollout asks, whether
-    /// it goes live, rolls out as a canary, or waits (an aborted revision).
+    /// it goes live, is previewed, rolls out as a canary, or waits (an aborted revision).
     async fn activate(&mut self, configmap: &str, loaded: Loaded, kinds: Kinds) {
         let others = self
             .slots
