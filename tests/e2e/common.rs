@@ -166,6 +166,20 @@ impl Env {
         .expect("present")
     }
 
+    /// Runs the `wasmop` CLI on this namespace's cluster with `args` and `--namespace`; whether
+    /// it succeeded, and its stdout and stderr together.
+    pub fn wasmop(&self, args: &[&str]) -> (bool, String) {
+        let out = Command::new(env!("CARGO_BIN_EXE_wasmop"))
+            .args(args)
+            .args(["--namespace", self.name()])
+            .env("KUBECONFIG", &self.kubeconfig)
+            .output()
+            .expect("run wasmop");
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.success(), text)
+    }
+
     /// Starts the host on this namespace (plugins and parents both live here).
     pub fn start_host(&self) -> Host {
         Host::start(&self.kubeconfig, self.name())

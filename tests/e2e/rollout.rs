@@ -123,18 +123,6 @@ async fn failed_on(env: &Env, number: i64) -> BTreeSet<String> {
         .collect()
 }
 
-fn wasmop(env: &Env, args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_wasmop"))
-        .args(args)
-        .args(["--namespace", env.name()])
-        .env("KUBECONFIG", &env.kubeconfig)
-        .output()
-        .expect("run wasmop");
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.success(), text)
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_bad_canary_rolls_back_at_its_first_step_and_a_good_one_survives_a_failover() {
     let env = Env::new("e2e-canary").await;
@@ -272,7 +260,7 @@ async fn undo_restores_the_previous_revision_after_a_restart_and_an_overwritten_
     host.kill();
 
     let host = env.start_host();
-    let (ok, out) = wasmop(&env, &["rollout", "undo", "memcached"]);
+    let (ok, out) = env.wasmop(&["rollout", "undo", "memcached"]);
     assert!(ok, "{out}");
     assert!(out.contains("holds revision 1 again"), "{out}");
     // Made live again, revision 1 comes back as revision 3, as a Deployment's undo does.
@@ -299,7 +287,7 @@ async fn undo_restores_the_previous_revision_after_a_restart_and_an_overwritten_
     )
     .await
     .unwrap_or_else(|e| panic!("{e}\nhost log:\n{}", host.logs()));
-    let (ok, history) = wasmop(&env, &["rollout", "history", "memcached"]);
+    let (ok, history) = env.wasmop(&["rollout", "history", "memcached"]);
     assert!(ok, "{history}");
     let rows: Vec<Vec<&str>> = history
         .lines()
@@ -311,12 +299,12 @@ async fn undo_restores_the_previous_revision_after_a_restart_and_an_overwritten_
         [vec!["2", "retired", "0.2.0"], vec!["3", "live", "0.1.0"]],
         "{history}"
     );
-    let (ok, status) = wasmop(&env, &["rollout", "status", "memcached"]);
+    let (ok, status) = env.wasmop(&["rollout", "status", "memcached"]);
     assert!(
         ok && status.contains("live:      revision 3 (0.1.0"),
         "{status}"
     );
-    let (ok, none) = wasmop(&env, &["rollout", "abort", "memcached"]);
+    let (ok, none) = env.wasmop(&["rollout", "abort", "memcached"]);
     assert!(
         !ok && none.contains("no canary of plugin memcached is running"),
         "{none}"
@@ -341,17 +329,14 @@ async fn capture_from_the_plane_then_replay_the_same_build_and_the_second() {
         .join(format!("capture-{}", env.name()));
     let dir_s = dir.to_str().unwrap();
     let ns = env.name().to_owned();
-    let (ok, out) = wasmop(
-        &env,
-        &[
-            "capture",
-            "memcached",
-            "--out",
-            dir_s,
-            "--watch-namespace",
-            &ns,
-        ],
-    );
+    let (ok, out) = env.wasmop(&[
+        "capture",
+        "memcached",
+        "--out",
+        dir_s,
+        "--watch-namespace",
+        &ns,
+    ]);
     assert!(ok, "{out}\nhost log:\n{}", host.logs());
     assert!(
         out.contains("captured 2 parents of plugin memcached (revision 1"),

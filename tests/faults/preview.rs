@@ -6,7 +6,6 @@
 //! `docs/benchmarks.md`.
 
 use std::collections::BTreeMap;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -15,7 +14,7 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use wasmop::plugin::revision::{Phase, Revisions};
 use wasmop::plugin::rollout::STRATEGY_ANNOTATION;
 
-use crate::common::{Env, TIMEOUT, wait_event};
+use crate::common::{TIMEOUT, wait_event};
 use crate::fleet::{self, CONVERGE_TIMEOUT, memcached_fleet};
 use crate::serial;
 
@@ -63,18 +62,6 @@ fn cpu(pid: u32) -> Duration {
             .unwrap_or(0)
     };
     Duration::from_millis((tick(11) + tick(12)) * 10)
-}
-
-fn wasmop(env: &Env, args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_wasmop"))
-        .args(args)
-        .args(["--namespace", env.name()])
-        .env("KUBECONFIG", &env.kubeconfig)
-        .output()
-        .expect("run wasmop");
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.success(), text)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -140,7 +127,7 @@ async fn a_preview_writes_nothing_shows_each_diff_and_promotes() {
     );
 
     // The diff names each parent's changes.
-    let (ok, diff) = wasmop(&env, &["rollout", "diff", "memcached"]);
+    let (ok, diff) = env.wasmop(&["rollout", "diff", "memcached"]);
     assert!(ok, "{diff}");
     let ns = env.name();
     let first = fleet::name(0);
@@ -182,7 +169,7 @@ async fn a_preview_writes_nothing_shows_each_diff_and_promotes() {
     .unwrap_or_else(|e| panic!("{e}\nhost log:\n{}", host.logs()));
 
     // Promoted, it converges.
-    let (ok, out) = wasmop(&env, &["rollout", "promote", "memcached"]);
+    let (ok, out) = env.wasmop(&["rollout", "promote", "memcached"]);
     assert!(ok, "{out}");
     let promoted = Instant::now();
     let deployments = env.ns.api::<Deployment>();

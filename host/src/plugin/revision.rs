@@ -174,6 +174,17 @@ pub struct Mark {
     pub note: Option<String>,
 }
 
+impl Mark {
+    /// A move to `phase` that clears any canary step, with `note` (`Some("")` clears it).
+    pub fn to(phase: Phase, note: Option<String>) -> Mark {
+        Mark {
+            phase: Some(phase),
+            note,
+            ..Mark::default()
+        }
+    }
+}
+
 /// Why revisions could not be read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum RevisionError {
@@ -194,6 +205,12 @@ pub enum RevisionError {
         /// What is wrong.
         reason: String,
     },
+}
+
+/// An API failure on the revision `name` (or list of one plugin's).
+fn api_error(name: impl Into<String>) -> impl FnOnce(kube::Error) -> RevisionError {
+    let name = name.into();
+    move |source| RevisionError::Api { name, source }
 }
 
 /// The revisions of the plugins of one namespace.
@@ -217,10 +234,7 @@ impl Revisions {
             .api
             .list(&lp)
             .await
-            .map_err(|source| RevisionError::Api {
-                name: format!("list of {configmap}"),
-                source,
-            })?;
+            .map_err(api_error(format!("list of {configmap}")))?;
         // Only the host names revisions; one labelled for this plugin under another name is
         // not one of its own.
         let prefix = format!("{configmap}-");
@@ -282,10 +296,7 @@ impl Revisions {
             .api
             .create(&PostParams::default(), &cr)
             .await
-            .map_err(|source| RevisionError::Api {
-                name: name.clone(),
-                source,
-            })?;
+            .map_err(api_error(name.clone()))?;
         let revision = Revision::from_object(&created);
         all.push(revision.clone());
         Ok((revision, all))
@@ -339,10 +350,7 @@ impl Revisions {
             .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .map(|_| ())
-            .map_err(|source| RevisionError::Api {
-                name: name.to_owned(),
-                source,
-            })
+            .map_err(api_error(name.to_owned()))
     }
 
     /// Records a previewed candidate's summary and diff on its revision.
@@ -360,10 +368,7 @@ impl Revisions {
             .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .map(|_| ())
-            .map_err(|source| RevisionError::Api {
-                name: name.to_owned(),
-                source,
-            })
+            .map_err(api_error(name.to_owned()))
     }
 
     /// The plugin ConfigMap revision `name` holds.
@@ -372,10 +377,7 @@ impl Revisions {
             .api
             .get(name)
             .await
-            .map_err(|source| RevisionError::Api {
-                name: name.to_owned(),
-                source,
-            })?;
+            .map_err(api_error(name.to_owned()))?;
         let data = cr.data.0;
         serde_json::from_value(data).map_err(|e| RevisionError::Corrupt {
             name: name.to_owned(),
@@ -389,12 +391,7 @@ impl Revisions {
             match self.api.delete(&r.name, &DeleteParams::default()).await {
                 Ok(_) => {}
                 Err(kube::Error::Api(e)) if e.code == 404 => {}
-                Err(source) => {
-                    return Err(RevisionError::Api {
-                        name: r.name.clone(),
-                        source,
-                    });
-                }
+                Err(source) => return Err(api_error(r.name.clone())(source)),
             }
         }
         Ok(())

@@ -97,24 +97,14 @@ impl Registry {
             };
             let note = (phase == Phase::Aborted)
                 .then(|| format!("superseded by revision {number} before its canary ended"));
-            marks.push((
-                r.name.clone(),
-                Mark {
-                    phase: Some(phase),
-                    number: None,
-                    step: None,
-                    note,
-                },
-            ));
+            marks.push((r.name.clone(), Mark::to(phase, note)));
         }
         if this.phase != Phase::Live || renumber || note.is_some() {
             marks.push((
                 this.name.clone(),
                 Mark {
-                    phase: Some(Phase::Live),
                     number: renumber.then_some(number),
-                    step: None,
-                    note: Some(note.unwrap_or_default()),
+                    ..Mark::to(Phase::Live, Some(note.unwrap_or_default()))
                 },
             ));
         }
@@ -255,26 +245,29 @@ impl Registry {
             preview: Some(Published::default()),
         });
         self.supervisor.route(configmap, Some(canary)).await;
-        let mark = Mark {
-            phase: Some(Phase::Candidate),
-            number: None,
-            step: None,
-            note: Some(String::new()),
-        };
+        let mark = Mark::to(Phase::Candidate, Some(String::new()));
         self.write_marks(configmap, vec![(name, mark)]).await;
         tracing::info!(configmap, "{msg}");
         self.notify(configmap, Notice::Canary, &msg);
     }
 
+    /// The plugins with a candidate that is previewed (`preview`) or a canary.
+    fn candidates(&self, preview: bool) -> Vec<String> {
+        self.slots
+            .iter()
+            .filter(|(_, s)| {
+                s.candidate
+                    .as_ref()
+                    .is_some_and(|c| c.preview.is_some() == preview)
+            })
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
     /// Writes what each preview would change to its revision, when it changed, at most every
     /// [`PREVIEW_PUBLISH`].
     pub(super) async fn publish_previews(&mut self) {
-        let names: Vec<String> = self
-            .slots
-            .iter()
-            .filter(|(_, s)| s.candidate.as_ref().is_some_and(|c| c.preview.is_some()))
-            .map(|(n, _)| n.clone())
-            .collect();
+        let names = self.candidates(true);
         for configmap in names {
             if !self.supervisor.is_synced(&configmap) {
                 continue;
@@ -357,10 +350,8 @@ impl Registry {
         self.supervisor.route(configmap, Some(canary)).await;
         if !resumed {
             let mark = Mark {
-                phase: Some(Phase::Candidate),
-                number: None,
                 step: Some((step, steps, weight, started)),
-                note: Some(String::new()),
+                ..Mark::to(Phase::Candidate, Some(String::new()))
             };
             self.write_marks(configmap, vec![(name, mark)]).await;
         }
@@ -370,12 +361,7 @@ impl Registry {
 
     /// Moves every canary on, promotes it or aborts it, as its health gate says.
     pub(super) async fn judge_canaries(&mut self) {
-        let names: Vec<String> = self
-            .slots
-            .iter()
-            .filter(|(_, s)| s.candidate.as_ref().is_some_and(|c| c.preview.is_none()))
-            .map(|(n, _)| n.clone())
-            .collect();
+        let names = self.candidates(false);
         for configmap in names {
             // Before its caches are synced a controller sees no parents: no evidence either way.
             if !self.supervisor.is_synced(&configmap) {
@@ -463,12 +449,7 @@ impl Registry {
         if candidate.is_some() {
             self.supervisor.route(configmap, None).await;
         }
-        let mark = Mark {
-            phase: Some(Phase::Aborted),
-            number: None,
-            step: None,
-            note: Some(why.clone()),
-        };
+        let mark = Mark::to(Phase::Aborted, Some(why.clone()));
         self.write_marks(configmap, vec![(name, mark)]).await;
         let live = self.slots[configmap]
             .running
@@ -495,15 +476,11 @@ impl Registry {
         }
         let c = slot.candidate.take().expect("checked");
         self.supervisor.route(configmap, None).await;
-        let mark = Mark {
-            phase: Some(Phase::Aborted),
-            number: None,
-            step: None,
-            note: Some(format!(
-                "superseded by revision {} before its canary ended",
-                this.number
-            )),
-        };
+        let note = format!(
+            "superseded by revision {} before its canary ended",
+            this.number
+        );
+        let mark = Mark::to(Phase::Aborted, Some(note));
         self.write_marks(configmap, vec![(c.revision.name, mark)])
             .await;
     }
