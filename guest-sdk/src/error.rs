@@ -82,6 +82,25 @@ macro_rules! bail {
     };
 }
 
+/// Returns an [`Error`] built like `format!` unless the condition holds.
+///
+/// ```
+/// fn check(size: i32) -> wasmop_guest::Result<()> {
+///     wasmop_guest::ensure!(size >= 0, "spec.size must be ≥ 0, got {size}");
+///     Ok(())
+/// }
+/// assert_eq!(check(-1).unwrap_err().message(), "spec.size must be ≥ 0, got -1");
+/// assert!(check(1).is_ok());
+/// ```
+#[macro_export]
+macro_rules! ensure {
+    ($cond:expr, $($arg:tt)*) => {
+        if !$cond {
+            $crate::bail!($($arg)*);
+        }
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -83,6 +83,9 @@
 //! - **k8s-openapi 0.29:** `Deployment.spec` is a `DeploymentSpec`, not an `Option`, while
 //!   `Service.spec` and `PodDisruptionBudget.spec` are `Option`s; the pod template's `spec` is an
 //!   `Option` too.
+//! - **The parent and its CRD.** [`custom_resource!`] declares the parent from a spec and a
+//!   status type; [`Crd`] writes the CustomResourceDefinition from them natively (see
+//!   [`resource`]), so the schema and the Rust type cannot drift.
 //! - **Stable hashes.** For a config-hash annotation that rolls pods when their ConfigMap
 //!   changes, use [`hash::stable_hash`]: std's hashers differ between processes and releases.
 
@@ -94,6 +97,7 @@ pub mod error;
 pub mod hash;
 pub mod log;
 pub mod request;
+pub mod resource;
 pub mod response;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod testing;
@@ -103,11 +107,14 @@ mod guest;
 
 pub use error::{Error, Result};
 pub use request::Request;
+pub use resource::{Crd, CustomResource};
 pub use response::{Condition, Response};
 pub use wasmop_contract::wire::{self, EventType};
 pub use wasmop_contract::{KindRef, Manifest, RelatedKind, RelatedSelector};
 // Plugins name k8s-openapi types in their signatures; the re-export keeps versions in step.
 pub use k8s_openapi;
+// Parent types derive `JsonSchema` for their CRD; one schemars for the SDK and the plugin.
+pub use schemars;
 
 use serde::de::DeserializeOwned;
 

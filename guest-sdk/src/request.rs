@@ -96,6 +96,12 @@ impl<P> Request<P> {
             .is_some_and(|m| m.contains_key(name))
     }
 
+    /// The observed child of kind `K` with this name as the host sent it: the cheapest way to
+    /// read a field or two (`.pointer("/status/readyReplicas")`) without linking a deserialiser.
+    pub fn child_json<K: Resource>(&self, name: &str) -> Option<&Value> {
+        self.wire.children.get(&key::<K>())?.get(name)
+    }
+
     /// The observed children of kind `K`, read into `T`: a struct with only the fields the
     /// plugin needs. Prefer it for big kinds; a full `Deployment` deserialiser alone adds
     /// hundreds of KB to a module.
@@ -126,6 +132,16 @@ impl<P> Request<P> {
     /// The related objects of kind `K`, read into `T` (see [`Request::children_as`]).
     pub fn related_as<K: Resource, T: DeserializeOwned>(&self) -> Result<Vec<T>> {
         typed_all::<K, T>("related", self.wire.related.get(&key::<K>()))
+    }
+
+    /// The names of the related objects of kind `K`, sorted (`namespace/name` when the parent
+    /// is cluster-scoped). Reads no object bodies.
+    pub fn related_names<K: Resource>(&self) -> Vec<String> {
+        self.wire
+            .related
+            .get(&key::<K>())
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// The metadata of the related objects of kind `K`, ordered by name. Works for kinds

@@ -43,7 +43,14 @@ wasmop_guest::export!(MemcachedV2);
 /// A headless Service (`clusterIP: None`) named after the parent, selecting its memcached pods
 /// on port 11211.
 pub fn headless_service(parent: &ObjectMeta) -> Service {
-    let meta = memcached::child_meta(parent);
+    let name = parent.name.as_deref().unwrap_or_default();
+    let labels = memcached::labels(name).map(|(k, v)| (k.into(), v.into()));
+    let meta = ObjectMeta {
+        name: parent.name.clone(),
+        namespace: parent.namespace.clone(),
+        labels: Some(labels.into()),
+        ..ObjectMeta::default()
+    };
     Service {
         spec: Some(ServiceSpec {
             cluster_ip: Some("None".to_owned()),
@@ -116,7 +123,8 @@ mod tests {
         assert_eq!(svc.metadata.namespace.as_deref(), Some("default"));
         let spec = svc.spec.unwrap();
         assert_eq!(spec.cluster_ip.as_deref(), Some("None"));
-        assert_eq!(spec.selector, Some(memcached::labels("memcached-sample")));
+        let labels = memcached::labels("memcached-sample").map(|(k, v)| (k.into(), v.into()));
+        assert_eq!(spec.selector, Some(labels.into()));
         let port = &spec.ports.unwrap()[0];
         assert_eq!(port.port, 11211);
         assert_eq!(
@@ -146,7 +154,8 @@ mod tests {
     fn an_existing_service_records_no_event() {
         let m: Memcached = serde_json::from_value(parent()).unwrap();
         let svc = headless_service(&m.metadata);
-        let mut deploy = memcached::deployment(&m.metadata, 3, memcached::DEFAULT_IMAGE);
+        let desired = memcached::deployment(m.name(), Some("default"), 3, memcached::DEFAULT_IMAGE);
+        let mut deploy: Deployment = serde_json::from_value(desired).unwrap();
         deploy.status = Some(k8s_openapi::api::apps::v1::DeploymentStatus {
             available_replicas: Some(3),
             ..Default::default()

@@ -1,6 +1,8 @@
 //! The Memcached plugin run natively through `wasmop_guest::testing`: the same JSON path the
 //! component runs.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -11,15 +13,14 @@ use wasmop_guest::testing::{self, RequestBuilder};
 use wasmop_guest::wire::{EventType, WireResponse};
 
 fn memcached(size: i32) -> Memcached {
-    Memcached {
-        metadata: ObjectMeta {
-            name: Some("memcached-sample".into()),
-            namespace: Some("default".into()),
-            generation: Some(4),
-            ..ObjectMeta::default()
-        },
-        spec: MemcachedSpec { size },
-    }
+    let mut m = Memcached::new("memcached-sample", MemcachedSpec { size });
+    m.metadata.generation = Some(4);
+    m
+}
+
+/// [`labels`] as k8s-openapi holds them.
+fn label_map(name: &str) -> BTreeMap<String, String> {
+    labels(name).map(|(k, v)| (k.into(), v.into())).into()
 }
 
 fn pod(name: &str) -> Pod {
@@ -27,7 +28,7 @@ fn pod(name: &str) -> Pod {
         metadata: ObjectMeta {
             name: Some(name.into()),
             namespace: Some("default".into()),
-            labels: Some(labels("memcached-sample")),
+            labels: Some(label_map("memcached-sample")),
             ..ObjectMeta::default()
         },
         ..Pod::default()
@@ -36,7 +37,8 @@ fn pod(name: &str) -> Pod {
 
 /// The Deployment as the API server would report it: `replicas` wanted, `available` ready.
 fn observed(replicas: i32, available: i32) -> Deployment {
-    let mut d = deployment(&memcached(replicas).metadata, replicas, DEFAULT_IMAGE);
+    let desired = deployment("memcached-sample", Some("default"), replicas, DEFAULT_IMAGE);
+    let mut d: Deployment = serde_json::from_value(desired).unwrap();
     d.status = Some(DeploymentStatus {
         available_replicas: Some(available),
         ..DeploymentStatus::default()
@@ -93,7 +95,7 @@ fn size_becomes_replicas_with_labels_everywhere() {
     let d = the_deployment(&resp);
     assert_eq!(d.metadata.name.as_deref(), Some("memcached-sample"));
     assert_eq!(d.metadata.namespace.as_deref(), Some("default"));
-    let want = labels("memcached-sample");
+    let want = label_map("memcached-sample");
     assert_eq!(d.metadata.labels.as_ref(), Some(&want));
     let spec = d.spec;
     assert_eq!(spec.replicas, Some(3));
@@ -221,4 +223,18 @@ fn a_parent_without_spec_is_an_error() {
     let err =
         testing::reconcile::<MemcachedPlugin>(&RequestBuilder::new(&parent).build()).unwrap_err();
     assert!(err.starts_with("parent: missing field `spec`"), "{err}");
+}
+
+#[test]
+fn deploy_crd_is_the_one_written_from_the_types() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../deploy/crds/memcached.yaml"
+    );
+    let file: Value = serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    assert_eq!(
+        file,
+        memcached::crd().to_json(),
+        "deploy/crds/memcached.yaml is stale: cargo run -p memcached --example crd > deploy/crds/memcached.yaml"
+    );
 }

@@ -1,0 +1,414 @@
+//! Declaring the parent kind once, and the CustomResourceDefinition written from it.
+//!
+//! [`custom_resource!`](crate::custom_resource) turns a spec type and a status type into the
+//! parent struct (`metadata`, `spec`, `status`), its k8s-openapi [`Resource`] identity and a
+//! [`CustomResource`] impl. [`Crd`] then writes the CRD from those types with schemars, adding
+//! what the host writes on every parent: `status.observedGeneration` and standard conditions
+//! (with `lastTransitionTime` and the host's `Ready`). Schema generation runs natively (a test,
+//! an example, a build step); a wasm build links none of it because nothing there calls it.
+//!
+//! ```
+//! use serde::{Deserialize, Serialize};
+//! use wasmop_guest::schemars::{self, JsonSchema};
+//! use wasmop_guest::{Condition, Crd};
+//!
+//! /// `Greeting.spec`.
+//! #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+//! pub struct GreetingSpec {
+//!     /// What to write.
+//!     pub text: String,
+//! }
+//!
+//! /// `Greeting.status`.
+//! #[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+//! pub struct GreetingStatus {
+//!     /// Standard conditions.
+//!     #[serde(default)]
+//!     pub conditions: Vec<Condition>,
+//! }
+//!
+//! wasmop_guest::custom_resource! {
+//!     /// A greeting, written into a ConfigMap.
+//!     pub struct Greeting("example.com", "v1", "greetings", GreetingSpec, GreetingStatus);
+//! }
+//!
+//! let g = Greeting::new("hi", GreetingSpec { text: "hello".into() });
+//! assert_eq!(g.metadata.namespace.as_deref(), Some("default"));
+//!
+//! let crd = Crd::of::<Greeting>().column("Text", "string", ".spec.text").to_json();
+//! assert_eq!(crd["metadata"]["name"], "greetings.example.com");
+//! let status = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"];
+//! assert_eq!(status["properties"]["observedGeneration"]["format"], "int64");
+//! assert_eq!(status["properties"]["conditions"]["items"]["required"][0], "lastTransitionTime");
+//! assert!(status.get("required").is_none(), "the host may write Ready alone");
+//! ```
+
+use std::any::TypeId;
+
+use k8s_openapi::{NamespaceResourceScope, Resource};
+use schemars::generate::SchemaSettings;
+use schemars::{JsonSchema, Schema, SchemaGenerator};
+use serde_json::{Map, Value, json};
+
+use crate::response::Condition;
+
+/// A parent kind declared with [`custom_resource!`](crate::custom_resource): its spec and
+/// status types, which the CRD's schema is written from.
+pub trait CustomResource: Resource + 'static {
+    /// `spec`.
+    type Spec: JsonSchema;
+    /// `status`, as the plugin writes it (the host's fields are added to the schema).
+    type Status: JsonSchema;
+    /// The doc comment on the declaration: the CRD's description.
+    const DESCRIPTION: &'static str;
+}
+
+/// Declares a parent kind: `pub struct Name(group, version, plural, Spec, Status);`.
+///
+/// The struct has `metadata`, `spec` and an optional `status`; it implements serde's traits,
+/// k8s-openapi's [`Resource`](k8s_openapi::Resource) (namespaced; add `cluster` after the
+/// status type for a cluster-scoped kind) and [`CustomResource`], and has
+/// `Name::new(name, spec)` for tests and `name()`. The plugin crate needs `serde` with `derive`.
+#[macro_export]
+macro_rules! custom_resource {
+    (
+        $(#[doc = $doc:literal])*
+        $vis:vis struct $name:ident(
+            $group:literal, $version:literal, $plural:literal, $spec:ty, $status:ty $(, $cluster:ident)? $(,)?
+        );
+    ) => {
+        $(#[doc = $doc])*
+        #[derive(Debug, Clone, ::serde::Serialize, ::serde::Deserialize)]
+        $vis struct $name {
+            /// Standard object metadata.
+            #[serde(default)]
+            pub metadata: $crate::k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+            /// The desired state.
+            pub spec: $spec,
+            /// The observed state, as last written by the host.
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub status: ::core::option::Option<$status>,
+        }
+
+        impl $name {
+            /// `metadata.name`, or `""`.
+            #[allow(dead_code)]
+            pub fn name(&self) -> &str {
+                self.metadata.name.as_deref().unwrap_or_default()
+            }
+
+            /// A parent named `name` in the `default` namespace, without status.
+            #[allow(dead_code)]
+            pub fn new(name: &str, spec: $spec) -> Self {
+                Self {
+                    metadata: $crate::k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                        name: Some(name.into()),
+                        namespace: $crate::__scope_namespace!($($cluster)?),
+                        ..::core::default::Default::default()
+                    },
+                    spec,
+                    status: None,
+                }
+            }
+        }
+
+        impl $crate::k8s_openapi::Resource for $name {
+            const API_VERSION: &'static str = concat!($group, "/", $version);
+            const GROUP: &'static str = $group;
+            const KIND: &'static str = stringify!($name);
+            const VERSION: &'static str = $version;
+            const URL_PATH_SEGMENT: &'static str = $plural;
+            type Scope = $crate::__scope_type!($($cluster)?);
+        }
+
+        impl $crate::CustomResource for $name {
+            type Spec = $spec;
+            type Status = $status;
+            const DESCRIPTION: &'static str = concat!($($doc, "\n"),*);
+        }
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __scope_type {
+    () => {
+        $crate::k8s_openapi::NamespaceResourceScope
+    };
+    (cluster) => {
+        $crate::k8s_openapi::ClusterResourceScope
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __scope_namespace {
+    () => {
+        Some("default".into())
+    };
+    (cluster) => {
+        None
+    };
+}
+
+/// One additional printer column (`kubectl get` output).
+#[derive(Debug, Clone)]
+struct Column {
+    name: String,
+    type_: String,
+    json_path: String,
+}
+
+/// Writes the CustomResourceDefinition of a [`CustomResource`].
+///
+/// The schema is the spec's and the status's, inlined (Kubernetes takes no `$ref`), plus
+/// `status.observedGeneration` and `status.conditions` as the host writes them. `Ready` and
+/// `Age` columns come last.
+#[derive(Debug, Clone)]
+pub struct Crd {
+    kind: &'static str,
+    group: &'static str,
+    version: &'static str,
+    plural: &'static str,
+    namespaced: bool,
+    description: String,
+    spec: Value,
+    status: Value,
+    columns: Vec<Column>,
+    short_names: Vec<String>,
+}
+
+impl Crd {
+    /// The CRD of `K`, from its spec and status types.
+    pub fn of<K: CustomResource>() -> Self {
+        let mut generator = SchemaSettings::openapi3()
+            .with(|s| {
+                s.inline_subschemas = true;
+                s.meta_schema = None;
+            })
+            .into_generator();
+        Self {
+            kind: K::KIND,
+            group: K::GROUP,
+            version: K::VERSION,
+            plural: K::URL_PATH_SEGMENT,
+            namespaced: TypeId::of::<K::Scope>() == TypeId::of::<NamespaceResourceScope>(),
+            description: doc_text(K::DESCRIPTION),
+            spec: clean(K::Spec::json_schema(&mut generator).to_value()),
+            status: clean(K::Status::json_schema(&mut generator).to_value()),
+            columns: Vec::new(),
+            short_names: Vec::new(),
+        }
+    }
+
+    /// Adds a printer column: `type_` is `string`, `integer`, `number`, `boolean` or `date`.
+    #[must_use]
+    pub fn column(mut self, name: &str, type_: &str, json_path: &str) -> Self {
+        self.columns.push(Column {
+            name: name.into(),
+            type_: type_.into(),
+            json_path: json_path.into(),
+        });
+        self
+    }
+
+    /// Adds a short name (`kubectl get mc`).
+    #[must_use]
+    pub fn short_name(mut self, name: &str) -> Self {
+        self.short_names.push(name.into());
+        self
+    }
+
+    /// The CRD as JSON, ready for `kubectl apply -f` (JSON is YAML).
+    pub fn to_json(&self) -> Value {
+        let mut status = self.status.clone();
+        // The host writes partial statuses (Ready alone when a call fails): nothing is required.
+        if let Some(s) = status.as_object_mut() {
+            s.remove("required");
+        }
+        let props = status
+            .as_object_mut()
+            .map(|s| {
+                s.insert("type".into(), json!("object"));
+                s.entry("properties").or_insert_with(|| json!({}))
+            })
+            .and_then(Value::as_object_mut);
+        if let Some(props) = props {
+            props.insert(
+                "observedGeneration".into(),
+                json!({
+                    "description": "The generation the host last reconciled.",
+                    "type": "integer", "format": "int64",
+                }),
+            );
+            props.insert("conditions".into(), conditions_schema());
+        }
+        let mut columns: Vec<Value> = self
+            .columns
+            .iter()
+            .map(|c| json!({"name": c.name, "type": c.type_, "jsonPath": c.json_path}))
+            .collect();
+        columns.push(json!({
+            "name": "Ready", "type": "string",
+            "jsonPath": ".status.conditions[?(@.type==\"Ready\")].status",
+        }));
+        columns.push(
+            json!({"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}),
+        );
+
+        let mut root = Map::new();
+        if !self.description.is_empty() {
+            root.insert("description".into(), json!(self.description));
+        }
+        root.insert("type".into(), json!("object"));
+        root.insert("required".into(), json!(["spec"]));
+        root.insert(
+            "properties".into(),
+            json!({
+                "apiVersion": {"type": "string"},
+                "kind": {"type": "string"},
+                "metadata": {"type": "object"},
+                "spec": self.spec,
+                "status": status,
+            }),
+        );
+        let mut names = json!({
+            "kind": self.kind,
+            "listKind": format!("{}List", self.kind),
+            "plural": self.plural,
+            "singular": self.kind.to_lowercase(),
+        });
+        if !self.short_names.is_empty() {
+            names["shortNames"] = json!(self.short_names);
+        }
+        json!({
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {"name": format!("{}.{}", self.plural, self.group)},
+            "spec": {
+                "group": self.group,
+                "names": names,
+                "scope": if self.namespaced { "Namespaced" } else { "Cluster" },
+                "versions": [{
+                    "name": self.version,
+                    "served": true,
+                    "storage": true,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": columns,
+                    "schema": {"openAPIV3Schema": Value::Object(root)},
+                }],
+            },
+        })
+    }
+
+    /// The CRD as pretty JSON with a trailing newline, for a file or `kubectl apply -f -`.
+    pub fn to_string_pretty(&self) -> String {
+        let mut text = serde_json::to_string_pretty(&self.to_json()).unwrap_or_default();
+        text.push('\n');
+        text
+    }
+}
+
+/// Joins doc-comment lines (each with its leading space) into one paragraph.
+fn doc_text(doc: &str) -> String {
+    doc.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Drops what a CRD schema should not hold: `$schema`, `title`, and the `default`s that
+/// `#[serde(default)]` adds (serde applies them in the plugin; in the CRD the API server would
+/// write them into every object). Property names are left alone.
+fn clean(mut value: Value) -> Value {
+    match &mut value {
+        Value::Object(map) => {
+            map.remove("$schema");
+            map.remove("title");
+            map.remove("default");
+            for (key, v) in map.iter_mut() {
+                match (key.as_str(), v) {
+                    ("properties", Value::Object(props)) => {
+                        for p in props.values_mut() {
+                            *p = clean(std::mem::take(p));
+                        }
+                    }
+                    ("enum" | "required", _) => {}
+                    (_, v) => *v = clean(std::mem::take(v)),
+                }
+            }
+        }
+        Value::Array(items) => {
+            for v in items {
+                *v = clean(std::mem::take(v));
+            }
+        }
+        _ => {}
+    }
+    value
+}
+
+/// `status.conditions` as the host writes it: a list keyed by `type`, each with the fields
+/// Kubernetes' own `metav1.Condition` requires.
+fn conditions_schema() -> Value {
+    json!({
+        "description": "Standard conditions: the plugin's, and Ready from the host. The host stamps lastTransitionTime and observedGeneration.",
+        "type": "array",
+        "x-kubernetes-list-type": "map",
+        "x-kubernetes-list-map-keys": ["type"],
+        "items": Condition::schema_value(),
+    })
+}
+
+impl Condition {
+    fn schema_value() -> Value {
+        json!({
+            "type": "object",
+            "required": ["lastTransitionTime", "message", "reason", "status", "type"],
+            "properties": {
+                "type": {
+                    "type": "string", "maxLength": 316,
+                    "pattern": "^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$",
+                },
+                "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
+                "reason": {
+                    "type": "string", "minLength": 1, "maxLength": 1024,
+                    "pattern": "^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
+                },
+                "message": {"type": "string", "maxLength": 32768},
+                "observedGeneration": {"type": "integer", "format": "int64", "minimum": 0},
+                "lastTransitionTime": {"type": "string", "format": "date-time"},
+            },
+        })
+    }
+}
+
+impl JsonSchema for Condition {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Condition".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        Schema::try_from(Condition::schema_value()).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn doc_lines_join() {
+        assert_eq!(doc_text(" A thing.\n with more.\n"), "A thing. with more.");
+    }
+
+    #[test]
+    fn clean_strips_nested_keys() {
+        let v = clean(json!({
+            "$schema": "x", "title": "t",
+            "properties": {"title": {"default": 1, "type": "integer"}},
+        }));
+        assert_eq!(v, json!({"properties": {"title": {"type": "integer"}}}));
+    }
+}
