@@ -1,5 +1,5 @@
 # The two entry points of the README, plus the steps they are made of.
-.PHONY: demo test setup plane lint unit demo-test
+.PHONY: demo test setup plane lint unit demo-test scaffold-test
 
 # The main job: a local control plane, the host, the Memcached plugin from a ConfigMap, a CR
 # reconciled, then a hot swap. Ctrl-C stops everything.
@@ -7,17 +7,23 @@ demo: setup
 	tests/demo.sh
 
 # Every test: lints, unit tests, the sandbox suite and the end-to-end suite on a real
-# control plane, the demo as a user runs it, then the benchmark runner in its quick mode
-# (20 objects) so it keeps working.
+# control plane, the demo as a user runs it, a plugin author's first hour (docs/writing-plugins.md)
+# on its own plane, then the benchmark runner in its quick mode (20 objects) so it keeps working.
 test: setup plane lint
 	cargo test --workspace
 	tests/demo-test.sh
+	tests/scaffold-test.sh
 	cargo run --release -p bench -- --quick
 
 # The README's first command, run to "ready" and stopped with Ctrl-C and SIGTERM; nothing may
 # be left running (after `cargo test`, whose builds it reuses).
 demo-test: setup plane
 	tests/demo-test.sh
+
+# `wasmop new` outside the repository, through build, render and package, to a Ready CR on a
+# fresh local plane: the commands of docs/writing-plugins.md.
+scaffold-test: setup plane
+	tests/scaffold-test.sh
 
 setup:
 	tests/setup.sh

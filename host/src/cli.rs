@@ -42,6 +42,36 @@ pub enum Command {
     /// Show and steer how a plugin's revisions go live: status, history, diff, undo, promote,
     /// abort.
     Rollout(RolloutArgs),
+    /// Create a standalone plugin crate: a parent kind, reconcile logic with tests, the CRD
+    /// written from the Rust types, a sample, and the commands to build and install it.
+    New(NewArgs),
+}
+
+/// `wasmop new`.
+#[derive(Debug, Args)]
+pub struct NewArgs {
+    /// The plugin's name: the crate, the plugin and its ConfigMap (lowercase letters, digits
+    /// and '-').
+    pub name: String,
+    /// Where to create it (absent or empty). Default: ./NAME.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Depend on the SDK in this directory (`guest-sdk/` of a wasmop checkout) instead of the
+    /// published `wasmop-guest`.
+    #[arg(long, value_name = "DIR")]
+    pub sdk_path: Option<PathBuf>,
+    /// The parent kind. Default: NAME in UpperCamelCase (`web-app` → `WebApp`).
+    #[arg(long)]
+    pub kind: Option<String>,
+    /// The parent's API group.
+    #[arg(long, default_value = "example.com")]
+    pub group: String,
+    /// The parent's API version.
+    #[arg(long, default_value = "v1alpha1")]
+    pub version: String,
+    /// The parent's resource plural. Default: guessed from the kind, as `wasmop rbac` does.
+    #[arg(long)]
+    pub plural: Option<String>,
 }
 
 /// `wasmop capture`.

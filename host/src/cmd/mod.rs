@@ -2,6 +2,7 @@
 
 pub mod capture;
 pub mod inspect;
+pub mod new;
 pub mod package;
 pub mod rbac;
 pub mod render;
@@ -22,6 +23,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Rollout(args) => rollout::run(args),
         Command::Capture(args) => capture::run(args),
         Command::Replay(args) => replay::run(args),
+        Command::New(args) => new::run(args),
     }
 }
 
