@@ -172,6 +172,17 @@ impl<P> Request<P> {
         T::deserialize(settings).map_err(|e| Error::from(e).context("settings"))
     }
 
+    /// One top-level setting as `T`: `None` when it is absent or null, an error naming
+    /// `settings.<key>` when it does not fit.
+    pub fn setting<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>> {
+        match self.wire.settings.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => T::deserialize(v)
+                .map(Some)
+                .map_err(|e| Error::from(e).context(format!("settings.{key}"))),
+        }
+    }
+
     /// True while the parent is being deleted and the plugin's finalizer is still on it.
     pub fn finalizing(&self) -> bool {
         self.wire.finalizing

@@ -159,6 +159,25 @@ fn settings_are_read_with_defaults() {
 }
 
 #[test]
+fn one_setting_by_key_names_the_key_when_it_does_not_fit() {
+    let build = |settings: Value| {
+        let wire = RequestBuilder::new(&parent("ok"))
+            .settings(settings)
+            .build();
+        Request::<Value>::from_wire(wire).unwrap()
+    };
+    let req = build(json!({"image": "memcached:1.6", "replicas": "three"}));
+    assert_eq!(
+        req.setting::<String>("image").unwrap().as_deref(),
+        Some("memcached:1.6")
+    );
+    assert_eq!(req.setting::<String>("absent").unwrap(), None);
+    let err = req.setting::<i32>("replicas").unwrap_err();
+    assert!(err.message().starts_with("settings.replicas: "), "{err}");
+    assert_eq!(build(Value::Null).setting::<String>("image").unwrap(), None);
+}
+
+#[test]
 fn finalizing_round_trip() {
     let req = RequestBuilder::new(&parent("finalize")).finalizing(true);
     let resp = testing::reconcile::<Probe>(&req.build()).unwrap();

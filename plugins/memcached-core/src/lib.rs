@@ -20,8 +20,6 @@ use wasmop_guest::{Condition, Error, Manifest, Plugin, RelatedSelector, Request,
 pub const DEFAULT_IMAGE: &str = "memcached:1.4.36-alpine";
 /// The memcached port, on the container and (in v2) the Service.
 pub const PORT: i32 = 11211;
-/// The condition type reporting whether all replicas are available.
-pub const AVAILABLE: &str = "Available";
 
 /// `Memcached.spec`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -45,13 +43,6 @@ wasmop_guest::custom_resource! {
     pub struct Memcached("cache.example.com", "v1alpha1", "memcacheds", MemcachedSpec, MemcachedStatus);
 }
 
-/// The plugin's settings (`settings.yaml` beside the module).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-pub struct Settings {
-    /// The memcached image; [`DEFAULT_IMAGE`] when unset.
-    pub image: Option<String>,
-}
-
 /// The Memcached plugin.
 pub struct MemcachedPlugin;
 
@@ -71,62 +62,57 @@ impl Plugin for MemcachedPlugin {
     }
 
     fn reconcile(req: &Request<Memcached>) -> Result<Response, Error> {
-        let (name, size) = (req.name(), req.parent().spec.size);
+        let (name, size) = (req.name(), i64::from(req.parent().spec.size));
         wasmop_guest::ensure!(size >= 0, "spec.size must be ≥ 0, got {size}");
-        let image = req.settings::<Settings>()?.image;
-        let image = image.as_deref().unwrap_or(DEFAULT_IMAGE);
+        // The one setting, `image` (settings.yaml beside the module).
+        let image: Option<String> = req.setting("image")?;
         // Two fields of the observed Deployment: a whole k8s-openapi one would double the module.
         let observed = req.child_json::<Deployment>(name);
         let field = |p: &str| observed.and_then(|d| d.pointer(p)?.as_i64());
-        let (replicas, available) = (field("/spec/replicas"), field("/status/availableReplicas"));
+        let replicas = field("/spec/replicas");
+        let available = field("/status/availableReplicas").unwrap_or(0);
 
-        let (want, available) = (i64::from(size), available.unwrap_or(0));
-        let ready = replicas == Some(want) && available == want;
+        let ready = replicas == Some(size) && available == size;
         let counts = format!("{available}/{size} replicas available");
         let (reason, message) = match (observed, ready) {
             (None, _) => ("Creating", format!("Deployment {name} does not exist yet")),
             (_, true) => ("Available", counts),
             (_, false) => ("Scaling", counts),
         };
-        let condition = Condition::new(AVAILABLE, ready, reason, message);
+        let condition = Condition::new("Available", ready, reason, message);
         let status = MemcachedStatus {
             nodes: req.related_names::<Pod>(),
             conditions: vec![condition.observed_generation(req.generation())],
         };
         let response = Response::new()
-            .child_json(deployment(name, req.namespace(), size, image))
+            .child_json(deployment(name, req.namespace(), size, image.as_deref()))
             .status(status);
 
         // Events follow observed state only, so a steady state records none.
         let from = replicas.unwrap_or(1);
-        let event = match observed {
-            None => (
-                "Created",
-                format!("Created Deployment {name} with {size} replicas"),
-            ),
-            Some(_) if from != want => (
-                "Scaled",
-                format!("Scaled Deployment {name} from {from} to {size} replicas"),
-            ),
-            Some(_) => return Ok(response),
-        };
-        Ok(response.normal(event.0, event.1))
+        let created = format!("Created Deployment {name} with {size} replicas");
+        let scaled = format!("Scaled Deployment {name} from {from} to {size} replicas");
+        Ok(match observed {
+            None => response.normal("Created", created),
+            Some(_) if from != size => response.normal("Scaled", scaled),
+            Some(_) => response,
+        })
     }
 }
 
 /// The labels on the Deployment, its selector and its pods: `app=memcached,memcached_cr=<name>`.
-pub fn labels(name: &str) -> [(&str, &str); 2] {
-    [("app", "memcached"), ("memcached_cr", name)]
+pub fn labels(name: &str) -> BTreeMap<&str, &str> {
+    BTreeMap::from([("app", "memcached"), ("memcached_cr", name)])
 }
 
-/// The desired Deployment for the `Memcached` `namespace/name`.
-pub fn deployment(name: &str, namespace: Option<&str>, size: i32, image: &str) -> Value {
-    let labels = BTreeMap::from(labels(name));
+/// The desired Deployment for the `Memcached` `namespace/name`; `image` defaults to
+/// [`DEFAULT_IMAGE`].
+pub fn deployment(name: &str, namespace: Option<&str>, size: i64, image: Option<&str>) -> Value {
     json!({"apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels},
-        "spec": {"replicas": size, "selector": {"matchLabels": labels}, "template": {
-            "metadata": {"labels": labels},
-            "spec": {"containers": [{"name": "memcached", "image": image,
+        "metadata": {"name": name, "namespace": namespace, "labels": labels(name)},
+        "spec": {"replicas": size, "selector": {"matchLabels": labels(name)}, "template": {
+            "metadata": {"labels": labels(name)},
+            "spec": {"containers": [{"name": "memcached", "image": image.unwrap_or(DEFAULT_IMAGE),
                 "command": ["memcached", "-m=64", "-o", "modern", "-v"],
                 "ports": [{"name": "memcached", "containerPort": PORT}]}]},
         }},

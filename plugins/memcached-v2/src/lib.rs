@@ -44,11 +44,12 @@ wasmop_guest::export!(MemcachedV2);
 /// on port 11211.
 pub fn headless_service(parent: &ObjectMeta) -> Service {
     let name = parent.name.as_deref().unwrap_or_default();
-    let labels = memcached::labels(name).map(|(k, v)| (k.into(), v.into()));
+    let labels = memcached::labels(name).into_iter();
+    let labels = labels.map(|(k, v)| (k.into(), v.into()));
     let meta = ObjectMeta {
         name: parent.name.clone(),
         namespace: parent.namespace.clone(),
-        labels: Some(labels.into()),
+        labels: Some(labels.collect()),
         ..ObjectMeta::default()
     };
     Service {
@@ -123,8 +124,9 @@ mod tests {
         assert_eq!(svc.metadata.namespace.as_deref(), Some("default"));
         let spec = svc.spec.unwrap();
         assert_eq!(spec.cluster_ip.as_deref(), Some("None"));
-        let labels = memcached::labels("memcached-sample").map(|(k, v)| (k.into(), v.into()));
-        assert_eq!(spec.selector, Some(labels.into()));
+        let labels = memcached::labels("memcached-sample").into_iter();
+        let labels = labels.map(|(k, v)| (k.into(), v.into())).collect();
+        assert_eq!(spec.selector, Some(labels));
         let port = &spec.ports.unwrap()[0];
         assert_eq!(port.port, 11211);
         assert_eq!(
@@ -154,7 +156,7 @@ mod tests {
     fn an_existing_service_records_no_event() {
         let m: Memcached = serde_json::from_value(parent()).unwrap();
         let svc = headless_service(&m.metadata);
-        let desired = memcached::deployment(m.name(), Some("default"), 3, memcached::DEFAULT_IMAGE);
+        let desired = memcached::deployment(m.name(), Some("default"), 3, None);
         let mut deploy: Deployment = serde_json::from_value(desired).unwrap();
         deploy.status = Some(k8s_openapi::api::apps::v1::DeploymentStatus {
             available_replicas: Some(3),

@@ -20,7 +20,10 @@ fn memcached(size: i32) -> Memcached {
 
 /// [`labels`] as k8s-openapi holds them.
 fn label_map(name: &str) -> BTreeMap<String, String> {
-    labels(name).map(|(k, v)| (k.into(), v.into())).into()
+    labels(name)
+        .into_iter()
+        .map(|(k, v)| (k.into(), v.into()))
+        .collect()
 }
 
 fn pod(name: &str) -> Pod {
@@ -37,7 +40,7 @@ fn pod(name: &str) -> Pod {
 
 /// The Deployment as the API server would report it: `replicas` wanted, `available` ready.
 fn observed(replicas: i32, available: i32) -> Deployment {
-    let desired = deployment("memcached-sample", Some("default"), replicas, DEFAULT_IMAGE);
+    let desired = deployment("memcached-sample", Some("default"), replicas.into(), None);
     let mut d: Deployment = serde_json::from_value(desired).unwrap();
     d.status = Some(DeploymentStatus {
         available_replicas: Some(available),
