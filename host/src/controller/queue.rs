@@ -3,6 +3,11 @@
 //! Each parent is in the queue at most once, due at the earliest time anybody asked for. A
 //! change is delayed by a short debounce so a burst of events (a Deployment rolling out its
 //! pods) becomes one reconcile. Failures back off per parent, exponentially.
+//!
+//! Among the entries that are due, the most urgent [`Priority`] goes first, then the one due
+//! earliest: a new or changed parent gets its children before a thousand resyncs, follow-ups
+//! and retries that fell due at the same time (controller-runtime's priority queue does the
+//! same for new events over its initial list).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -48,6 +53,32 @@ impl fmt::Display for Reason {
     }
 }
 
+/// How soon a due entry runs relative to other due entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Priority {
+    /// Resyncs, requeues, retries, a status follow-up, a plugin swap: nothing a user waits on.
+    Low = 0,
+    /// A child or related object changed: the parent's world moved.
+    Normal = 1,
+    /// The parent itself was created or changed: a user waits for its children.
+    High = 2,
+}
+
+impl Reason {
+    /// How urgent a reconcile for this reason is.
+    pub fn priority(&self) -> Priority {
+        match self {
+            Reason::ParentChanged => Priority::High,
+            Reason::ChildChanged(_) | Reason::RelatedChanged(_) => Priority::Normal,
+            Reason::Requeue
+            | Reason::Settle
+            | Reason::Resync
+            | Reason::PluginSwapped
+            | Reason::Retry(_) => Priority::Low,
+        }
+    }
+}
+
 /// Per-parent exponential backoff: `base × 2^(failures−1)`, capped at `max`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Backoff {
@@ -79,10 +110,11 @@ impl Backoff {
     }
 }
 
-/// Parents waiting to be reconciled, ordered by due time.
+/// Parents waiting to be reconciled: by due time within each [`Priority`].
 #[derive(Debug, Default)]
 pub struct Queue {
-    due: BTreeMap<(Instant, u64), ObjKey>,
+    /// One index per priority, `Priority as usize`.
+    due: [BTreeMap<(Instant, u64), ObjKey>; 3],
     entries: HashMap<ObjKey, Entry>,
     seq: u64,
 }
@@ -94,46 +126,63 @@ struct Entry {
     reason: Reason,
 }
 
+impl Entry {
+    fn priority(&self) -> usize {
+        self.reason.priority() as usize
+    }
+}
+
 impl Queue {
-    /// Asks for `key` to be reconciled at `at`. An earlier request already queued wins.
+    /// Asks for `key` to be reconciled at `at`. A queued request that is due no later and is
+    /// at least as urgent wins; otherwise the entry takes the earlier time and the more urgent
+    /// reason of the two.
     pub fn schedule(&mut self, key: ObjKey, at: Instant, reason: Reason) {
-        if let Some(e) = self.entries.get(&key) {
-            if e.at <= at {
-                return;
+        let (at, reason) = match self.entries.get(&key) {
+            Some(e) if e.at <= at && e.reason.priority() >= reason.priority() => return,
+            Some(e) => {
+                self.due[e.priority()].remove(&(e.at, e.seq));
+                let reason = if e.reason.priority() > reason.priority() {
+                    e.reason.clone()
+                } else {
+                    reason
+                };
+                (e.at.min(at), reason)
             }
-            self.due.remove(&(e.at, e.seq));
-        }
+            None => (at, reason),
+        };
         self.seq += 1;
-        self.due.insert((at, self.seq), key.clone());
-        self.entries.insert(
-            key,
-            Entry {
-                at,
-                seq: self.seq,
-                reason,
-            },
-        );
+        let entry = Entry {
+            at,
+            seq: self.seq,
+            reason,
+        };
+        self.due[entry.priority()].insert((at, self.seq), key.clone());
+        self.entries.insert(key, entry);
     }
 
     /// Drops `key` from the queue.
     pub fn remove(&mut self, key: &ObjKey) {
         if let Some(e) = self.entries.remove(key) {
-            self.due.remove(&(e.at, e.seq));
+            self.due[e.priority()].remove(&(e.at, e.seq));
         }
     }
 
     /// When the next entry is due.
     pub fn next_due(&self) -> Option<Instant> {
-        self.due.keys().next().map(|(at, _)| *at)
+        self.due
+            .iter()
+            .filter_map(|d| d.keys().next().map(|(at, _)| *at))
+            .min()
     }
 
-    /// Takes the next entry due by `now`.
+    /// Takes the most urgent entry due by `now`, the earliest due among equals.
     pub fn pop_due(&mut self, now: Instant) -> Option<(ObjKey, Reason)> {
-        let (&(at, seq), _) = self.due.iter().next()?;
-        if at > now {
-            return None;
-        }
-        let key = self.due.remove(&(at, seq))?;
+        let due = self
+            .due
+            .iter_mut()
+            .rev()
+            .find(|d| d.keys().next().is_some_and(|(at, _)| *at <= now))?;
+        let (_, key) = due.pop_first()?;
         let entry = self.entries.remove(&key)?;
         Some((key, entry.reason))
     }
@@ -182,6 +231,50 @@ mod tests {
         q.schedule(key("c"), now, Reason::Resync);
         q.remove(&key("c"));
         assert_eq!(q.next_due(), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_changed_parent_goes_before_earlier_follow_ups() {
+        let now = Instant::now();
+        let later = now + Duration::from_secs(1);
+        let mut q = Queue::default();
+        q.schedule(key("resync"), now, Reason::Resync);
+        q.schedule(key("settle"), now, Reason::Settle);
+        q.schedule(key("child"), now, Reason::ChildChanged("Deployment".into()));
+        q.schedule(key("new"), later, Reason::ParentChanged);
+        // Not due yet: urgency does not make an entry run early.
+        assert_eq!(
+            q.pop_due(now),
+            Some((key("child"), Reason::ChildChanged("Deployment".into())))
+        );
+        assert_eq!(q.pop_due(later), Some((key("new"), Reason::ParentChanged)));
+        assert_eq!(q.pop_due(later), Some((key("resync"), Reason::Resync)));
+        assert_eq!(q.pop_due(later), Some((key("settle"), Reason::Settle)));
+        assert_eq!(q.pop_due(later), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_queued_entry_keeps_the_earlier_time_and_the_more_urgent_reason() {
+        let now = Instant::now();
+        let mut q = Queue::default();
+        q.schedule(key("a"), now, Reason::Resync);
+        q.schedule(
+            key("a"),
+            now + Duration::from_secs(5),
+            Reason::ParentChanged,
+        );
+        assert_eq!(q.len(), 1);
+        assert_eq!(q.next_due(), Some(now));
+        q.schedule(key("b"), now, Reason::ChildChanged("x".into()));
+        // `a` is now a parent change due now: it goes before the child change.
+        assert_eq!(q.pop_due(now), Some((key("a"), Reason::ParentChanged)));
+        // A less urgent, later request for a queued key changes nothing.
+        q.schedule(key("b"), now + Duration::from_secs(1), Reason::Resync);
+        assert_eq!(
+            q.pop_due(now),
+            Some((key("b"), Reason::ChildChanged("x".into())))
+        );
+        assert!(q.is_empty());
     }
 
     #[test]
