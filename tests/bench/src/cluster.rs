@@ -9,7 +9,7 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Event, Namespace, Service};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
@@ -62,6 +62,40 @@ pub async fn create_namespaces(client: &Client, names: &[String]) -> Result<()> 
             .with_context(|| format!("creating namespace {name}"))?;
     }
     Ok(())
+}
+
+/// The plane's own floor for the hot swap: `n` headless Services like the second build's,
+/// server-side applied `concurrency` at a time into a namespace of their own, with no operator
+/// in the loop; how long they took.
+pub async fn service_floor(client: &Client, n: usize, concurrency: usize) -> Result<Duration> {
+    let ns = "bench-floor";
+    create_namespaces(client, &[ns.to_owned()]).await?;
+    let api: Api<Service> = Api::namespaced(client.clone(), ns);
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let start = Instant::now();
+    let applies = futures::stream::iter(0..n).map(|i| {
+        let (api, params) = (&api, &params);
+        async move {
+            let name = format!("floor-{i}");
+            let svc = json!({
+                "apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": name, "namespace": ns},
+                "spec": {
+                    "clusterIP": "None",
+                    "selector": {"app": "memcached", "memcached_cr": name},
+                    "ports": [{"name": "memcached", "port": 11211, "targetPort": "memcached"}],
+                },
+            });
+            api.patch(&name, params, &Patch::Apply(&svc))
+                .await
+                .with_context(|| format!("applying Service {ns}/{name}"))
+        }
+    });
+    let mut applies = applies.buffer_unordered(concurrency.max(1));
+    while let Some(done) = applies.next().await {
+        done?;
+    }
+    Ok(start.elapsed())
 }
 
 /// One Memcached object of the load.

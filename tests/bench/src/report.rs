@@ -305,8 +305,17 @@ fn single_table(w: &mut String, run: &SingleRun) {
             ));
         }
         if let Some(d) = o.hot_swap {
+            let floor = o.service_floor.map_or(String::new(), |f| {
+                format!(
+                    " — the plane's own floor, the same number of Service applies at the same \
+                     concurrency with no operator, took {:.1} s: {:.2}× the floor",
+                    f.as_secs_f64(),
+                    d.as_secs_f64() / f.as_secs_f64().max(1e-3)
+                )
+            });
             extras.push(format!(
-                "hot swap to `memcached_v2.wasm`: every parent had its Service {:.1} s after the ConfigMap update",
+                "hot swap to `memcached_v2.wasm`: every parent had its Service {:.1} s after the \
+                 ConfigMap update{floor}",
                 d.as_secs_f64()
             ));
         }

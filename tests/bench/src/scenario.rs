@@ -47,6 +47,9 @@ pub struct Outcome {
     pub warm_restart: Option<Usage>,
     /// wasmop: ConfigMap updated to the second build → every parent has its Service.
     pub hot_swap: Option<Duration>,
+    /// With the hot swap: the same number of Service applies at the same concurrency with no
+    /// operator, on the same plane just after it ([`cluster::service_floor`]).
+    pub service_floor: Option<Duration>,
 }
 
 /// The scenario's shape.
@@ -165,6 +168,15 @@ async fn measure(
     } else {
         None
     };
+    let service_floor = if hot_swap.is_some() {
+        note!(
+            "[{tag}] the plane's floor: {} Service applies, no operator",
+            crs.len()
+        );
+        Some(cluster::service_floor(&client, crs.len(), settings.concurrency).await?)
+    } else {
+        None
+    };
     for p in &mut procs {
         p.check_alive()?;
     }
@@ -181,6 +193,7 @@ async fn measure(
         plugin_load: running.plugin_load,
         warm_restart,
         hot_swap,
+        service_floor,
     })
 }
 
