@@ -3,10 +3,11 @@
 //! path), with 3 and with 100 observed pods. The same measurement as
 //! `host/benches/plugin_call.rs`, without criterion, so the runner can report it.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use wasmop::sandbox::{Limits, Sandbox, SandboxConfig};
 
 // The same request the host's `plugin_call` benchmark times.
@@ -59,6 +60,89 @@ pub fn measure(wasm: &Path, calls: u32) -> Result<Vec<CallCost>> {
             })
         })
         .collect()
+}
+
+/// One build of the Memcached plugin at an optimisation level: its size and its cost per
+/// call through the sandbox.
+#[derive(Debug, Clone)]
+pub struct OptBuild {
+    /// rustc's `-C opt-level`.
+    pub level: String,
+    /// The module's size.
+    pub bytes: usize,
+    /// What `wasmop package` stores in the ConfigMap (gzipped when smaller).
+    pub stored: usize,
+    /// Mean sandbox call per [`POD_COUNTS`] entry.
+    pub calls: Vec<Duration>,
+}
+
+/// Builds the Memcached plugin once per level in `levels` (`shipped` is the one the
+/// repository builds, reused as is) and times `calls` sandbox calls of each. Blocking.
+pub fn opt_levels(shipped: &Path, levels: &[&str], calls: u32) -> Result<Vec<OptBuild>> {
+    let sandbox = Sandbox::new(SandboxConfig {
+        max_instances: 4,
+        cache_dir: None,
+        ..SandboxConfig::default()
+    })?;
+    let mut out = Vec::new();
+    for &level in levels {
+        let wasm = if level == "z" {
+            shipped.to_path_buf()
+        } else {
+            build_at(level)?
+        };
+        let bytes = std::fs::read(&wasm).with_context(|| format!("reading {}", wasm.display()))?;
+        let stored = wasmop::cmd::package::package(&bytes, "memcached", "bench", None)?.stored;
+        let plugin = sandbox.load_blocking(&bytes, Limits::default())?;
+        let calls = POD_COUNTS
+            .iter()
+            .map(|&pods| {
+                let req = memcached_request::request(&plugin, pods)?;
+                mean(calls, || {
+                    plugin
+                        .reconcile_blocking(&req)
+                        .map(drop)
+                        .map_err(anyhow::Error::from)
+                })
+            })
+            .collect::<Result<_>>()?;
+        out.push(OptBuild {
+            level: level.to_owned(),
+            bytes: bytes.len(),
+            stored,
+            calls,
+        });
+    }
+    Ok(out)
+}
+
+/// `cargo build` of the plugin with `-C opt-level=<level>` into a target directory of its own;
+/// the other flags are the repository's for wasm (`.cargo/config.toml`).
+fn build_at(level: &str) -> Result<PathBuf> {
+    let target = crate::artifacts::bench_dir().join(format!("opt-{level}"));
+    let status = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+        .current_dir(crate::artifacts::root())
+        .args([
+            "build",
+            "-q",
+            "--release",
+            "--target",
+            "wasm32-wasip2",
+            "-p",
+            "memcached",
+        ])
+        .arg("--target-dir")
+        .arg(&target)
+        .env(
+            "CARGO_TARGET_WASM32_WASIP2_RUSTFLAGS",
+            format!("-C opt-level={level} -C codegen-units=1 -C strip=symbols"),
+        )
+        .status()
+        .context("running cargo")?;
+    if !status.success() {
+        bail!("building the plugin at opt-level {level}: {status}");
+    }
+    Ok(target.join("wasm32-wasip2/release/memcached.wasm"))
 }
 
 fn mean(calls: u32, mut f: impl FnMut() -> Result<()>) -> Result<Duration> {

@@ -157,6 +157,17 @@ async fn run(args: Args) -> Result<Report> {
         let result = tokio::task::spawn_blocking(move || calls::measure(&wasm, n)).await?;
         Some(result.map_err(|e| format!("{e:#}")))
     };
+    let opt_levels = if args.skip_calls || args.quick {
+        None
+    } else {
+        note!("building and timing the plugin at other optimisation levels");
+        let wasm = art.memcached.clone();
+        let result = tokio::task::spawn_blocking(move || {
+            calls::opt_levels(&wasm, &["z", "s", "2", "3"], 2000)
+        })
+        .await?;
+        Some(result.map_err(|e| format!("{e:#}")))
+    };
 
     let mut limits: Vec<(String, Option<(f64, u32)>)> =
         vec![("default client rate limits".into(), None)];
@@ -256,6 +267,7 @@ async fn run(args: Args) -> Result<Report> {
         single,
         many,
         calls,
+        opt_levels,
         took_secs: started.elapsed().as_secs_f64(),
     };
     let text = report.markdown();

@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use crate::calls::CallCost;
+use crate::calls::{CallCost, OptBuild, POD_COUNTS};
 use crate::contestants::Contestant;
 use crate::scenario::Outcome;
 
@@ -43,6 +43,8 @@ pub struct Report {
     pub many: Option<ManyRun>,
     /// The plugin-call timings.
     pub calls: Option<Result<Vec<CallCost>, String>>,
+    /// The guest built at other optimisation levels (full runs only).
+    pub opt_levels: Option<Result<Vec<OptBuild>, String>>,
     /// Wall time of the whole run.
     pub took_secs: f64,
 }
@@ -73,6 +75,9 @@ impl Report {
         if let Some(calls) = &self.calls {
             calls_table(w, calls);
         }
+        if let Some(builds) = &self.opt_levels {
+            opt_table(w, builds);
+        }
         failures(w, self);
         let _ = writeln!(w, "{}", METHOD.trim());
         out
@@ -89,6 +94,7 @@ impl Report {
                 .as_ref()
                 .is_some_and(|m| bad(&m.go) || bad(&m.wasmop))
             || matches!(self.calls, Some(Err(_)))
+            || matches!(self.opt_levels, Some(Err(_)))
     }
 }
 
@@ -469,6 +475,46 @@ fn calls_table(w: &mut String, calls: &Result<Vec<CallCost>, String>) {
     let _ = writeln!(w);
 }
 
+fn opt_table(w: &mut String, builds: &Result<Vec<OptBuild>, String>) {
+    let _ = writeln!(w, "## The guest's optimisation level\n");
+    let Ok(builds) = builds else {
+        let _ = writeln!(w, "Failed (see below).\n");
+        return;
+    };
+    let _ = writeln!(
+        w,
+        "The Memcached plugin built with each `-C opt-level` (one codegen unit, symbols \
+         stripped; `z` is what the repository ships), its size, and the mean sandbox call as \
+         above:\n"
+    );
+    let pods: Vec<String> = POD_COUNTS
+        .iter()
+        .map(|p| format!("call, {p} pods (µs)"))
+        .collect();
+    let _ = writeln!(
+        w,
+        "| opt-level | module (KB) | in the ConfigMap (KB) | {} |",
+        pods.join(" | ")
+    );
+    let _ = writeln!(w, "|---|---:|---:|{}", "---:|".repeat(POD_COUNTS.len()));
+    for b in builds {
+        let calls: Vec<String> = b
+            .calls
+            .iter()
+            .map(|c| format!("{:.1}", c.as_secs_f64() * 1e6))
+            .collect();
+        let _ = writeln!(
+            w,
+            "| {} | {:.0} | {:.0} | {} |",
+            b.level,
+            b.bytes as f64 / 1000.0,
+            b.stored as f64 / 1000.0,
+            calls.join(" | ")
+        );
+    }
+    let _ = writeln!(w);
+}
+
 fn failures(w: &mut String, r: &Report) {
     let mut lines = Vec::new();
     for run in &r.single {
@@ -484,6 +530,9 @@ fn failures(w: &mut String, r: &Report) {
                 lines.push(format!("- many operators, {who}: {e}"));
             }
         }
+    }
+    if let Some(Err(e)) = &r.opt_levels {
+        lines.push(format!("- optimisation levels: {e}"));
     }
     if let Some(Err(e)) = &r.calls {
         lines.push(format!("- plugin calls: {e}"));
