@@ -48,6 +48,8 @@ use std::any::TypeId;
 use k8s_openapi::{NamespaceResourceScope, Resource};
 use schemars::generate::SchemaSettings;
 use schemars::{JsonSchema, Schema, SchemaGenerator};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value, json};
 
 use crate::response::Condition;
@@ -68,7 +70,9 @@ pub trait CustomResource: Resource + 'static {
 /// The struct has `metadata`, `spec` and an optional `status`; it implements serde's traits,
 /// k8s-openapi's [`Resource`](k8s_openapi::Resource) (namespaced; add `cluster` after the
 /// status type for a cluster-scoped kind) and [`CustomResource`], and has
-/// `Name::new(name, spec)` for tests and `name()`. The plugin crate needs `serde` with `derive`.
+/// `Name::new(name, spec)` for tests and `name()`. Only doc comments may precede `struct`.
+/// The plugin crate needs `serde` with `derive`, and the SDK under its own name,
+/// `wasmop_guest`. A status that does not fit reads as `None` ([`lenient_status`]).
 #[macro_export]
 macro_rules! custom_resource {
     (
@@ -85,8 +89,13 @@ macro_rules! custom_resource {
             pub metadata: $crate::k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
             /// The desired state.
             pub spec: $spec,
-            /// The observed state, as last written by the host.
-            #[serde(default, skip_serializing_if = "Option::is_none")]
+            /// The observed state, as last written by the host; `None` when absent or when it
+            /// does not fit the status type (see [`lenient_status`](wasmop_guest::resource::lenient_status)).
+            #[serde(
+                default,
+                skip_serializing_if = "Option::is_none",
+                deserialize_with = "::wasmop_guest::resource::lenient_status"
+            )]
             pub status: ::core::option::Option<$status>,
         }
 
@@ -149,6 +158,20 @@ macro_rules! __scope_namespace {
     (cluster) => {
         None
     };
+}
+
+/// Reads a parent's `status` as `T`, or `None` when it is absent or does not fit.
+///
+/// The host writes partial statuses (`Ready=False` alone when a call failed, or what an older
+/// build wrote): a status that does not fit must not make the parent unreadable, or the plugin
+/// could never fix it. Plugins rarely read their own status; this keeps it best-effort.
+pub fn lenient_status<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: DeserializeOwned,
+{
+    let value = Option::<Value>::deserialize(deserializer)?;
+    Ok(value.and_then(|v| T::deserialize(v).ok()))
 }
 
 /// One additional printer column (`kubectl get` output).

@@ -241,3 +241,16 @@ fn deploy_crd_is_the_one_written_from_the_types() {
         "deploy/crds/memcached.yaml is stale: cargo run -p memcached --example crd > deploy/crds/memcached.yaml"
     );
 }
+
+#[test]
+fn a_status_the_host_wrote_alone_does_not_make_the_parent_unreadable() {
+    // After a failed call the host writes Ready=False without the plugin's fields.
+    let mut parent = serde_json::to_value(memcached(2)).unwrap();
+    parent["status"] = json!({"observedGeneration": 4, "conditions": [
+        {"type": "Ready", "status": "False", "reason": "PluginFailed", "message": "x",
+         "lastTransitionTime": "2026-12-01T00:00:00Z"}]});
+    let m: Memcached = serde_json::from_value(parent.clone()).unwrap();
+    assert!(m.status.is_none());
+    let resp = run(RequestBuilder::new(&parent));
+    assert_eq!(the_deployment(&resp).spec.replicas, Some(2));
+}
