@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use wasmop::sandbox::{Limits, Sandbox, SandboxConfig};
+use wasmop_guest::wire::WireRequest;
 
 // The same request the host's `plugin_call` benchmark times.
 #[path = "../../../host/benches/common/memcached_request.rs"]
@@ -32,22 +33,13 @@ pub struct CallCost {
 /// Blocking: run it off the async runtime.
 pub fn measure(wasm: &Path, calls: u32) -> Result<Vec<CallCost>> {
     let bytes = std::fs::read(wasm).with_context(|| format!("reading {}", wasm.display()))?;
-    let sandbox = Sandbox::new(SandboxConfig {
-        max_instances: 4,
-        cache_dir: None,
-        ..SandboxConfig::default()
-    })?;
+    let sandbox = sandbox()?;
     let plugin = sandbox.load_blocking(&bytes, Limits::default())?;
     POD_COUNTS
         .iter()
         .map(|&pods| {
             let req = memcached_request::request(&plugin, pods)?;
-            let sandboxed = mean(calls, || {
-                plugin
-                    .reconcile_blocking(&req)
-                    .map(drop)
-                    .map_err(anyhow::Error::from)
-            })?;
+            let sandboxed = sandbox_mean(&plugin, &req, calls)?;
             let native = mean(calls, || {
                 wasmop_guest::testing::reconcile::<memcached::MemcachedPlugin>(&req)
                     .map(drop)
@@ -79,11 +71,7 @@ pub struct OptBuild {
 /// Builds the Memcached plugin once per level in `levels` (`shipped` is the one the
 /// repository builds, reused as is) and times `calls` sandbox calls of each. Blocking.
 pub fn opt_levels(shipped: &Path, levels: &[&str], calls: u32) -> Result<Vec<OptBuild>> {
-    let sandbox = Sandbox::new(SandboxConfig {
-        max_instances: 4,
-        cache_dir: None,
-        ..SandboxConfig::default()
-    })?;
+    let sandbox = sandbox()?;
     let mut out = Vec::new();
     for &level in levels {
         let wasm = if level == "z" {
@@ -98,12 +86,7 @@ pub fn opt_levels(shipped: &Path, levels: &[&str], calls: u32) -> Result<Vec<Opt
             .iter()
             .map(|&pods| {
                 let req = memcached_request::request(&plugin, pods)?;
-                mean(calls, || {
-                    plugin
-                        .reconcile_blocking(&req)
-                        .map(drop)
-                        .map_err(anyhow::Error::from)
-                })
+                sandbox_mean(&plugin, &req, calls)
             })
             .collect::<Result<_>>()?;
         out.push(OptBuild {
@@ -143,6 +126,29 @@ fn build_at(level: &str) -> Result<PathBuf> {
         bail!("building the plugin at opt-level {level}: {status}");
     }
     Ok(target.join("wasm32-wasip2/release/memcached.wasm"))
+}
+
+/// A sandbox for timing: no compile cache, so every build is compiled as measured.
+fn sandbox() -> Result<Sandbox> {
+    Ok(Sandbox::new(SandboxConfig {
+        max_instances: 4,
+        cache_dir: None,
+        ..SandboxConfig::default()
+    })?)
+}
+
+/// Mean sandbox call of `plugin` on `req`.
+fn sandbox_mean(
+    plugin: &wasmop::sandbox::Plugin,
+    req: &WireRequest,
+    calls: u32,
+) -> Result<Duration> {
+    mean(calls, || {
+        plugin
+            .reconcile_blocking(req)
+            .map(drop)
+            .map_err(anyhow::Error::from)
+    })
 }
 
 fn mean(calls: u32, mut f: impl FnMut() -> Result<()>) -> Result<Duration> {
