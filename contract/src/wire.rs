@@ -1,7 +1,10 @@
 //! The JSON shapes that cross the plugin boundary, shared by the guest SDK and the host.
 //!
 //! Objects stay `serde_json::Value` here: the host never needs to understand a child's schema,
-//! and the SDK offers typed views on top (`wasmop_guest::Request`).
+//! and the SDK offers typed views on top (`wasmop_guest::Request`). A request is generic over
+//! how it holds objects ([`WireRequest<O>`], `Value` by default) so that the host can assemble
+//! one from the JSON texts its caches keep and serialise it without building a tree; the JSON
+//! is the same either way.
 
 use std::collections::BTreeMap;
 
@@ -11,7 +14,7 @@ use serde_json::Value;
 use crate::Scope;
 
 /// Objects of one kind, by name (by `namespace/name` when the parent is cluster-scoped).
-pub type ByName = BTreeMap<String, Value>;
+pub type ByName<O = Value> = BTreeMap<String, O>;
 
 /// The key of a kind in [`WireRequest::children`] and [`WireRequest::related`]:
 /// `Kind.apiVersion`, e.g. `Deployment.apps/v1` or `Pod.v1` (Metacontroller's convention).
@@ -23,8 +26,16 @@ pub fn kind_key(api_version: &str, kind: &str) -> String {
 /// namespaced object under a cluster-scoped parent.
 pub fn object_key(obj: &Value, parent_scope: Scope) -> String {
     let field = |ptr| obj.pointer(ptr).and_then(Value::as_str);
-    let name = field("/metadata/name").unwrap_or_default();
-    match (parent_scope, field("/metadata/namespace")) {
+    key_of(
+        field("/metadata/name").unwrap_or_default(),
+        field("/metadata/namespace"),
+        parent_scope,
+    )
+}
+
+/// [`object_key`] from an object's name and namespace.
+pub fn key_of(name: &str, namespace: Option<&str>, parent_scope: Scope) -> String {
+    match (parent_scope, namespace) {
         (Scope::Cluster, Some(ns)) if !ns.is_empty() => format!("{ns}/{name}"),
         _ => name.to_owned(),
     }
@@ -33,16 +44,16 @@ pub fn object_key(obj: &Value, parent_scope: Scope) -> String {
 /// What the host sends to `reconcile`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct WireRequest {
+pub struct WireRequest<O = Value> {
     /// The parent object, as the API server returned it (without `managedFields`).
-    pub parent: Value,
+    pub parent: O,
     /// The children the parent controls, per declared child kind. Every declared kind is
     /// present, empty when nothing exists yet.
-    #[serde(default)]
-    pub children: BTreeMap<String, ByName>,
+    #[serde(default = "BTreeMap::new")]
+    pub children: BTreeMap<String, ByName<O>>,
     /// The related objects the plugin's selectors matched, per declared related kind.
-    #[serde(default)]
-    pub related: BTreeMap<String, ByName>,
+    #[serde(default = "BTreeMap::new")]
+    pub related: BTreeMap<String, ByName<O>>,
     /// True while the parent is being deleted and the plugin's finalizer is still on it.
     #[serde(default)]
     pub finalizing: bool,

@@ -8,29 +8,80 @@
 //! for a cluster-scoped parent by `namespace/name` (just `name` for cluster-scoped objects).
 //! Related kinds declared metadata-only are cut to `apiVersion`, `kind` and `metadata`, and
 //! `metadata.managedFields` is dropped from every object, the parent included.
+//!
+//! Objects come as whatever the caller holds ([`WireObject`]): the controller's cached
+//! [`Object`]s, which the request then serialises as the texts they are, or `render`'s JSON
+//! values. The request's JSON is the same either way.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::jiff::Timestamp;
 use kube::core::{Selector, SelectorExt};
+use serde::Serialize;
 use serde_json::{Map, Value};
-use wasmop_contract::wire::{ByName, WireRequest, kind_key, object_key};
+use wasmop_contract::wire::{ByName, WireRequest, key_of, kind_key};
 use wasmop_contract::{KindRef, Manifest, RelatedSelector};
 
 use crate::kinds::Scope;
+use crate::watch::Object;
+
+/// What gathering needs of an observed object.
+pub trait WireObject: Serialize + Sized {
+    /// `metadata.name`.
+    fn name(&self) -> &str;
+    /// `metadata.namespace`.
+    fn namespace(&self) -> Option<&str>;
+    /// `metadata.uid`.
+    fn uid(&self) -> Option<&str>;
+    /// The object as a plugin gets it: without `managedFields`; with `metadata_only`, only
+    /// `apiVersion`, `kind` and `metadata`.
+    fn cleaned(self, metadata_only: bool) -> Self;
+}
+
+impl WireObject for Value {
+    fn name(&self) -> &str {
+        str_at(self, "/metadata/name").unwrap_or_default()
+    }
+    fn namespace(&self) -> Option<&str> {
+        str_at(self, "/metadata/namespace")
+    }
+    fn uid(&self) -> Option<&str> {
+        str_at(self, "/metadata/uid")
+    }
+    fn cleaned(self, metadata_only: bool) -> Self {
+        clean(self, metadata_only)
+    }
+}
+
+impl WireObject for Arc<Object> {
+    fn name(&self) -> &str {
+        Object::name(self)
+    }
+    fn namespace(&self) -> Option<&str> {
+        Object::namespace(self)
+    }
+    fn uid(&self) -> Option<&str> {
+        Object::uid(self)
+    }
+    // Cached objects never hold managedFields; a metadata-only watch's are already cut.
+    fn cleaned(self, metadata_only: bool) -> Self {
+        if metadata_only && !self.is_metadata_only() {
+            Arc::new(self.to_metadata_only())
+        } else {
+            self
+        }
+    }
+}
 
 /// Where a request's objects come from.
-pub trait Observed {
+pub trait Observed<O> {
     /// Objects of `kind` whose *controller* ownerReference points at the parent UID.
-    fn controlled(&self, kind: &KindRef, parent_uid: &str) -> Vec<Value>;
+    fn controlled(&self, kind: &KindRef, parent_uid: &str) -> Vec<O>;
     /// Objects of `kind` in `namespace` (None = all namespaces) whose labels match `selector`.
-    fn selected(
-        &self,
-        kind: &KindRef,
-        namespace: Option<&str>,
-        selector: &LabelSelector,
-    ) -> Vec<Value>;
+    fn selected(&self, kind: &KindRef, namespace: Option<&str>, selector: &LabelSelector)
+    -> Vec<O>;
 }
 
 /// Builds the request for one reconcile of `parent`.
@@ -38,35 +89,35 @@ pub trait Observed {
 /// `selectors` are what the plugin's `related` returned for this parent; several selectors for
 /// one kind are combined (union). Related objects are looked up in the parent's namespace, or
 /// in all namespaces for a cluster-scoped parent.
-pub fn request(
+pub fn request<O: WireObject + Clone>(
     manifest: &Manifest,
-    parent: &Value,
+    parent: &O,
     parent_scope: Scope,
     selectors: &[RelatedSelector],
-    observed: &dyn Observed,
+    observed: &dyn Observed<O>,
     settings: &Value,
     finalizing: bool,
-) -> WireRequest {
-    let uid = str_at(parent, "/metadata/uid").unwrap_or_default();
+) -> WireRequest<O> {
+    let uid = parent.uid().unwrap_or_default();
     let namespace = match parent_scope {
-        Scope::Namespaced => str_at(parent, "/metadata/namespace"),
+        Scope::Namespaced => parent.namespace(),
         Scope::Cluster => None,
     };
-    let key = |obj: &Value| object_key(obj, parent_scope);
+    let key = |obj: &O| key_of(obj.name(), obj.namespace(), parent_scope);
 
     let mut children = BTreeMap::new();
     for kind in &manifest.children {
-        let objects: ByName = observed
+        let objects: ByName<O> = observed
             .controlled(kind, uid)
             .into_iter()
             // Owner references cannot cross namespaces, but a cache could still hold strays.
-            .filter(|obj| namespace.is_none() || str_at(obj, "/metadata/namespace") == namespace)
-            .map(|obj| (key(&obj), clean(obj, false)))
+            .filter(|obj| namespace.is_none() || obj.namespace() == namespace)
+            .map(|obj| (key(&obj), obj.cleaned(false)))
             .collect();
         children.insert(kind.key(), objects);
     }
 
-    let mut related: BTreeMap<String, ByName> = manifest
+    let mut related: BTreeMap<String, ByName<O>> = manifest
         .related
         .iter()
         .map(|r| (kind_key(&r.api_version, &r.kind), ByName::new()))
@@ -78,12 +129,12 @@ pub fn request(
         let objects = observed.selected(&selector.kind, namespace, &selector.label_selector);
         let entry = related.entry(selector.kind.key()).or_default();
         for obj in objects {
-            entry.insert(key(&obj), clean(obj, declared.metadata_only));
+            entry.insert(key(&obj), obj.cleaned(declared.metadata_only));
         }
     }
 
     WireRequest {
-        parent: clean(parent.clone(), false),
+        parent: parent.clone().cleaned(false),
         children,
         related,
         finalizing,
@@ -95,7 +146,7 @@ pub fn request(
 
 /// Puts the time into `request` if `manifest` asked for a clock: `now` rounded down to the
 /// plugin's granularity, so the request stays the same until the next step.
-pub fn stamp(request: &mut WireRequest, manifest: &Manifest, now: Timestamp) {
+pub fn stamp<O>(request: &mut WireRequest<O>, manifest: &Manifest, now: Timestamp) {
     request.now = manifest.clock_granularity().map(|step| {
         let step = i64::from(step);
         let seconds = now.as_second().div_euclid(step) * step;
@@ -197,7 +248,7 @@ impl ObjectList {
     }
 }
 
-impl Observed for ObjectList {
+impl Observed<Value> for ObjectList {
     fn controlled(&self, kind: &KindRef, parent_uid: &str) -> Vec<Value> {
         self.of_kind(kind)
             .filter(|obj| {
@@ -262,7 +313,7 @@ mod tests {
     #[test]
     fn only_a_plugin_with_a_clock_gets_the_time_rounded_down_to_its_step() {
         let at = |s: &str| s.parse::<Timestamp>().unwrap();
-        let mut request = WireRequest::default();
+        let mut request = WireRequest::<Value>::default();
         stamp(&mut request, &manifest(), at("2026-12-01T12:48:31Z"));
         assert_eq!(request.now, None);
         assert!(
@@ -276,7 +327,7 @@ mod tests {
         };
         stamp(&mut request, &hourly, at("2026-12-01T12:48:31Z"));
         assert_eq!(request.now.as_deref(), Some("2026-12-01T12:00:00Z"));
-        let mut later = WireRequest::default();
+        let mut later = WireRequest::<Value>::default();
         stamp(&mut later, &hourly, at("2026-12-01T12:59:59Z"));
         assert_eq!(later, request, "the same request within a step");
 

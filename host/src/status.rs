@@ -8,6 +8,8 @@
 //! it flips.
 
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
+
+use crate::watch::Object;
 use serde_json::{Map, Value, json};
 
 /// The condition type the host maintains.
@@ -88,20 +90,19 @@ pub fn desired(
 /// Returns whether a write was made.
 pub async fn write(
     api: &Api<DynamicObject>,
-    parent: &DynamicObject,
+    parent: &Object,
     status: Value,
     field_manager: &str,
 ) -> Result<bool, kube::Error> {
-    if parent.data.get("status") == Some(&status) {
+    if parent.field("status").as_ref() == Some(&status) {
         return Ok(false);
     }
-    let types = parent.types.clone().unwrap_or_default();
     let patch = json!({
-        "apiVersion": types.api_version,
-        "kind": types.kind,
+        "apiVersion": parent.api_version(),
+        "kind": parent.kind(),
         "status": status,
     });
-    let name = parent.metadata.name.as_deref().unwrap_or_default();
+    let name = parent.name();
     api.patch_status(
         name,
         &PatchParams::apply(field_manager).force(),

@@ -18,12 +18,11 @@ use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Client;
-use kube::api::DynamicObject;
 use serde_json::Value;
 
 use crate::kinds::ResolvedKind;
 use crate::text::api_error;
-use crate::watch::Cache;
+use crate::watch::{Cache, Object};
 
 /// What one pass over the children did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -84,7 +83,7 @@ pub struct Children<'a> {
     /// Validated desired children (namespace already filled in).
     pub desired: Vec<Value>,
     /// Observed controlled children, per entry of `kinds`.
-    pub observed: Vec<Vec<Arc<DynamicObject>>>,
+    pub observed: Vec<Vec<Arc<Object>>>,
     /// Every object of each kind, controlled or not, per entry of `kinds`: to tell a free name
     /// from a taken one.
     pub existing: &'a [Arc<Cache>],
@@ -103,12 +102,8 @@ pub struct Children<'a> {
 pub const MANAGED_BY_LABEL: &str = "wasmop.io/managed-by";
 
 /// Whether `obj` was written by the host for `plugin`.
-pub fn managed_by(obj: &DynamicObject, plugin: &str) -> bool {
-    obj.metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(MANAGED_BY_LABEL))
-        .is_some_and(|p| p == plugin)
+pub fn managed_by(obj: &Object, plugin: &str) -> bool {
+    obj.labels().get(MANAGED_BY_LABEL) == Some(plugin)
 }
 
 /// A child's namespace and name.
@@ -125,7 +120,7 @@ pub struct Apply<'a> {
     /// The object, with its owner reference, label and hash.
     pub object: Value,
     /// The plugin's object of that name, if it exists.
-    pub current: Option<Arc<DynamicObject>>,
+    pub current: Option<Arc<Object>>,
 }
 
 /// What making the children match the plugin's answer takes: computed from the caches alone,
@@ -137,7 +132,7 @@ pub struct Planned<'a> {
     /// Children already as desired.
     pub unchanged: usize,
     /// The plugin's children no longer desired, with their kind.
-    pub prune: Vec<(&'a ResolvedKind, Arc<DynamicObject>)>,
+    pub prune: Vec<(&'a ResolvedKind, Arc<Object>)>,
     /// Desired names taken by other objects.
     pub conflicts: Vec<Conflict>,
 }
@@ -156,19 +151,13 @@ pub fn plan<'a>(children: Children<'a>) -> Planned<'a> {
     let mut planned = Planned::default();
     // Indexed, so matching desired to observed stays linear in the number of children. Only
     // this plugin's own children count as observed.
-    let ours: Vec<HashMap<ChildKey, &Arc<DynamicObject>>> = children
+    let ours: Vec<HashMap<ChildKey, &Arc<Object>>> = children
         .observed
         .iter()
         .map(|objs| {
             objs.iter()
                 .filter(|o| managed_by(o, children.plugin))
-                .map(|o| {
-                    let key = (
-                        o.metadata.namespace.as_deref(),
-                        o.metadata.name.as_deref().unwrap_or_default(),
-                    );
-                    (key, o)
-                })
+                .map(|o| ((o.namespace(), o.name()), o))
                 .collect()
         })
         .collect();
@@ -207,12 +196,9 @@ pub fn plan<'a>(children: Children<'a>) -> Planned<'a> {
             continue;
         }
         prepare(&mut child, &children.owner, children.plugin);
-        let up_to_date = current.as_ref().is_some_and(|c| {
-            diff::is_subset(
-                &child,
-                &serde_json::to_value(c.as_ref()).expect("object serialises"),
-            )
-        });
+        let up_to_date = current
+            .as_ref()
+            .is_some_and(|c| diff::is_subset(&child, &c.value()));
         if up_to_date {
             planned.unchanged += 1;
             continue;
@@ -228,11 +214,7 @@ pub fn plan<'a>(children: Children<'a>) -> Planned<'a> {
 
     for (idx, kind) in children.kinds.iter().enumerate() {
         for obj in ours[idx].values() {
-            let key = (
-                obj.metadata.namespace.clone(),
-                obj.metadata.name.clone().unwrap_or_default(),
-            );
-            if keep[idx].contains(&key) || obj.metadata.deletion_timestamp.is_some() {
+            if keep[idx].contains(&obj.key()) || obj.is_deleting() {
                 continue;
             }
             planned.prune.push((kind, (*obj).clone()));
@@ -283,8 +265,8 @@ pub async fn execute(
             Err(source) => failures.errors.push(ChildError {
                 action: "prune",
                 kind: kind.kind.kind.clone(),
-                namespace: obj.metadata.namespace.clone().unwrap_or_default(),
-                name: obj.metadata.name.clone().unwrap_or_default(),
+                namespace: obj.namespace().unwrap_or_default().to_owned(),
+                name: obj.name().to_owned(),
                 source,
             }),
         }
@@ -306,20 +288,9 @@ pub async fn reconcile_children(
 }
 
 /// Who holds an object whose name a child wants, for the conflict's message.
-fn holder(obj: &DynamicObject, parent_uid: &str) -> String {
-    let controller = obj
-        .metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .find(|o| o.controller == Some(true));
-    match controller {
-        Some(o) if o.uid == parent_uid => match obj
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(MANAGED_BY_LABEL))
-        {
+fn holder(obj: &Object, parent_uid: &str) -> String {
+    match obj.controller() {
+        Some(o) if o.uid == parent_uid => match obj.labels().get(MANAGED_BY_LABEL) {
             Some(plugin) => format!("managed by plugin {plugin}"),
             None => "controlled by this parent, but not written by this plugin".to_string(),
         },
@@ -330,27 +301,26 @@ fn holder(obj: &DynamicObject, parent_uid: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-    use kube::api::ApiResource;
-    use kube::core::GroupVersionKind;
+    use serde_json::json;
 
     use super::*;
 
-    fn deployment(owner: Option<(&str, &str)>, plugin: Option<&str>) -> DynamicObject {
-        let gvk = GroupVersionKind::gvk("apps", "v1", "Deployment");
-        let mut obj = DynamicObject::new("cache", &ApiResource::from_gvk(&gvk));
-        obj.metadata.owner_references = owner.map(|(kind, uid)| {
-            vec![OwnerReference {
-                kind: kind.into(),
-                name: "cache".into(),
-                uid: uid.into(),
-                controller: Some(true),
-                ..Default::default()
-            }]
-        });
-        obj.metadata.labels =
-            plugin.map(|p| [(MANAGED_BY_LABEL.to_string(), p.to_string())].into());
-        obj
+    fn deployment(owner: Option<(&str, &str)>, plugin: Option<&str>) -> Object {
+        let owners: Vec<Value> = owner
+            .map(|(kind, uid)| {
+                json!({"apiVersion": "v1", "kind": kind, "name": "cache", "uid": uid, "controller": true})
+            })
+            .into_iter()
+            .collect();
+        let labels: serde_json::Map<String, Value> = plugin
+            .map(|p| (MANAGED_BY_LABEL.to_string(), json!(p)))
+            .into_iter()
+            .collect();
+        Object::from_value(&json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "cache", "ownerReferences": owners, "labels": labels},
+        }))
+        .unwrap()
     }
 
     #[test]
@@ -371,7 +341,7 @@ mod tests {
 
     #[test]
     fn a_conflict_says_who_holds_the_name() {
-        let holder = |d: DynamicObject| holder(&d, "u1");
+        let holder = |d: Object| holder(&d, "u1");
         assert_eq!(
             holder(deployment(None, None)),
             "not controlled by this parent"

@@ -90,7 +90,7 @@ pub async fn preview(
             Ok(after) => match &a.current {
                 None => Action::Created,
                 Some(before) => {
-                    let before = serde_json::to_value(before.as_ref()).expect("serialises");
+                    let before = before.value();
                     let after = serde_json::to_value(&after).expect("serialises");
                     let changes = changes(&before, &after);
                     if changes.is_empty() {
@@ -109,10 +109,7 @@ pub async fn preview(
     for (kind, obj) in &planned.prune {
         out.push(ChildDiff {
             kind: kind.kind.kind.clone(),
-            name: label(
-                obj.metadata.namespace.as_deref(),
-                obj.metadata.name.as_deref().unwrap_or_default(),
-            ),
+            name: label(obj.namespace(), obj.name()),
             action: Action::Deleted,
         });
     }

@@ -6,16 +6,17 @@ use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::Value;
 
 use crate::kinds::ResolvedKind;
+use crate::watch::Object;
 
 /// The controller owner reference the host puts on every child: garbage collection removes
 /// children with their parent, and `blockOwnerDeletion` keeps a foreground delete of the parent
 /// waiting for them.
-pub fn owner_reference(parent: &DynamicObject, api_version: &str, kind: &str) -> OwnerReference {
+pub fn owner_reference(parent: &Object, api_version: &str, kind: &str) -> OwnerReference {
     OwnerReference {
         api_version: api_version.to_string(),
         kind: kind.to_string(),
-        name: parent.metadata.name.clone().unwrap_or_default(),
-        uid: parent.metadata.uid.clone().unwrap_or_default(),
+        name: parent.name().to_owned(),
+        uid: parent.uid().unwrap_or_default().to_owned(),
         controller: Some(true),
         block_owner_deletion: Some(true),
     }

@@ -456,8 +456,7 @@ fn to_yaml_stream(
         out.push_str(&serde_yaml::to_string(doc)?);
         Ok(())
     };
-    let parent_obj: kube::api::DynamicObject =
-        serde_json::from_value(parent.clone()).context("the parent as an object")?;
+    let parent_obj = crate::watch::Object::from_value(parent).context("the parent as an object")?;
     let owner = crate::apply::ssa::owner_reference(
         &parent_obj,
         parent["apiVersion"].as_str().unwrap_or_default(),

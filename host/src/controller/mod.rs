@@ -23,7 +23,6 @@ use std::time::Duration;
 
 use futures::stream::{self, BoxStream, StreamExt};
 use kube::Client;
-use kube::api::DynamicObject;
 use kube::core::{Selector, SelectorExt};
 use kube::runtime::events::{Recorder, Reporter};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -40,7 +39,7 @@ use crate::plugin::Loaded;
 use crate::plugin::rollout::{PreviewReport, Report, Tally, serves};
 use crate::telemetry::events::Events;
 use crate::text::truncate;
-use crate::watch::{Cache, Change, Hub, Missing, ObjKey, Subscription, key_of};
+use crate::watch::{Cache, Change, Hub, Missing, ObjKey, Object, Subscription};
 use queue::{Backoff, Queue, Reason};
 pub use supervisor::Supervisor;
 
@@ -227,15 +226,9 @@ impl ControllerHandle {
         let (weight, tally) = tally.as_ref()?;
         let mut covered: Vec<ObjKey> = self
             .parents
-            .list(None, |p| {
-                serves(
-                    *weight,
-                    p.metadata.namespace.as_deref(),
-                    p.metadata.name.as_deref().unwrap_or_default(),
-                )
-            })
+            .list(None, |p| serves(*weight, p.namespace(), p.name()))
             .iter()
-            .map(|p| key_of(p))
+            .map(|p| p.key())
             .collect();
         // In name order, so the reasons an abort gives read the same from run to run.
         covered.sort();
@@ -523,16 +516,14 @@ fn after_reconcile(
 
 /// The parent a child belongs to: the namespace and name of its controller owner of the
 /// parent kind (same group and kind, any version).
-fn child_owner(parent: &ResolvedKind, obj: &DynamicObject) -> Option<ObjKey> {
+fn child_owner(parent: &ResolvedKind, obj: &Object) -> Option<ObjKey> {
     let (group, _) = kinds::split_api_version(&parent.kind.api_version);
-    let owner = obj.metadata.owner_references.iter().flatten().find(|o| {
-        o.controller == Some(true)
-            && o.kind == parent.kind.kind
-            && kinds::split_api_version(&o.api_version).0 == group
+    let owner = obj.controller().filter(|o| {
+        o.kind == parent.kind.kind && kinds::split_api_version(&o.api_version).0 == group
     })?;
     let ns = parent
         .namespaced
-        .then(|| obj.metadata.namespace.clone())
+        .then(|| obj.namespace().map(str::to_owned))
         .flatten();
     Some((ns, owner.name.clone()))
 }
@@ -542,10 +533,10 @@ fn child_owner(parent: &ResolvedKind, obj: &DynamicObject) -> Option<ObjKey> {
 fn related_parents(
     selectors: &BTreeMap<ObjKey, Related>,
     kind: usize,
-    obj: &DynamicObject,
+    obj: &Object,
     parent_namespaced: bool,
 ) -> Vec<ObjKey> {
-    let labels = obj.metadata.labels.clone().unwrap_or_default();
+    let labels = obj.labels().to_map();
     let matches = |(key, r): (&ObjKey, &Related)| {
         r.parsed
             .iter()
@@ -553,7 +544,7 @@ fn related_parents(
             .then(|| key.clone())
     };
     if parent_namespaced {
-        let ns = obj.metadata.namespace.clone();
+        let ns = obj.namespace().map(str::to_owned);
         selectors
             .range((ns.clone(), String::new())..)
             .take_while(|((pns, _), _)| *pns == ns)
@@ -734,7 +725,7 @@ impl Runner {
         let obj = change.object();
         match role {
             Role::Parent => {
-                let key = key_of(obj);
+                let key = obj.key();
                 match change {
                     Change::Applied(ref o) => {
                         let fp = Some(fingerprint(o));
@@ -803,7 +794,7 @@ impl Runner {
         let now = Instant::now();
         for parent in self.shared.parents.list(None, |_| true) {
             self.queue
-                .schedule(key_of(&parent), now, Reason::PluginSwapped);
+                .schedule(parent.key(), now, Reason::PluginSwapped);
         }
     }
 
@@ -868,7 +859,7 @@ impl Runner {
             let now = Instant::now();
             for parent in self.shared.parents.list(None, |_| true) {
                 self.queue
-                    .schedule(key_of(&parent), now, Reason::PluginSwapped);
+                    .schedule(parent.key(), now, Reason::PluginSwapped);
             }
         }
     }
@@ -893,7 +884,7 @@ impl Runner {
         let now = Instant::now();
         let same = matches!((&before, &after), (Some((a, _)), Some((b, _))) if a == b);
         for parent in self.shared.parents.list(None, |_| true) {
-            let key = key_of(&parent);
+            let key = parent.key();
             let on = |route: &Option<(String, u8)>| {
                 route
                     .as_ref()
@@ -968,33 +959,30 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-fn describe(kind: &str, obj: &DynamicObject) -> String {
-    match &obj.metadata.namespace {
-        Some(ns) => format!(
-            "{kind} {ns}/{}",
-            obj.metadata.name.as_deref().unwrap_or_default()
-        ),
-        None => format!(
-            "{kind} {}",
-            obj.metadata.name.as_deref().unwrap_or_default()
-        ),
+fn describe(kind: &str, obj: &Object) -> String {
+    match obj.namespace() {
+        Some(ns) => format!("{kind} {ns}/{}", obj.name()),
+        None => format!("{kind} {}", obj.name()),
     }
 }
 
 /// Everything of a parent that a reconcile depends on, except its status.
-pub(crate) fn fingerprint(obj: &DynamicObject) -> u64 {
+pub(crate) fn fingerprint(obj: &Object) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    let m = &obj.metadata;
-    m.uid.hash(&mut h);
-    m.generation.hash(&mut h);
-    m.labels.hash(&mut h);
-    m.annotations.hash(&mut h);
-    m.finalizers.hash(&mut h);
-    m.deletion_timestamp.is_some().hash(&mut h);
+    obj.uid().hash(&mut h);
+    obj.generation().hash(&mut h);
+    obj.labels().hash(&mut h);
+    obj.metadata().annotations.hash(&mut h);
+    obj.finalizers().hash(&mut h);
+    obj.is_deleting().hash(&mut h);
     // Kinds without a status subresource bump no generation on spec changes.
-    if m.generation.is_none() {
-        obj.data.to_string().hash(&mut h);
+    if obj.generation().is_none() {
+        let mut body = obj.value();
+        if let Some(map) = body.as_object_mut() {
+            map.remove("metadata");
+        }
+        body.to_string().hash(&mut h);
     }
     h.finish()
 }
@@ -1019,28 +1007,33 @@ mod tests {
         }
     }
 
-    fn object(ns: Option<&str>, name: &str) -> DynamicObject {
-        let gvk = GroupVersionKind::gvk("", "v1", "Pod");
-        let mut obj = DynamicObject::new(name, &ApiResource::from_gvk_with_plural(&gvk, "pods"));
-        obj.metadata.namespace = ns.map(str::to_string);
-        obj
+    fn pod(ns: Option<&str>, name: &str, meta: serde_json::Value) -> Object {
+        let mut value = serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta});
+        value["metadata"]["name"] = name.into();
+        if let Some(ns) = ns {
+            value["metadata"]["namespace"] = ns.into();
+        }
+        Object::from_value(&value).unwrap()
     }
 
-    fn owned_by(
-        mut obj: DynamicObject,
-        api_version: &str,
-        kind: &str,
-        controller: bool,
-    ) -> DynamicObject {
-        obj.metadata.owner_references = Some(vec![OwnerReference {
+    fn object(ns: Option<&str>, name: &str) -> Object {
+        pod(ns, name, serde_json::json!({}))
+    }
+
+    fn owned_by(obj: Object, api_version: &str, kind: &str, controller: bool) -> Object {
+        let owner = OwnerReference {
             api_version: api_version.into(),
             kind: kind.into(),
             name: "cache".into(),
             uid: "u1".into(),
             controller: Some(controller),
             ..Default::default()
-        }]);
-        obj
+        };
+        pod(
+            obj.namespace(),
+            obj.name(),
+            serde_json::json!({"ownerReferences": [owner]}),
+        )
     }
 
     fn failed(error: ReconcileError) -> Result<Outcome, Error> {
@@ -1103,8 +1096,12 @@ mod tests {
             (key("a", "three"), related(1, "web")),
             (key("b", "four"), related(0, "web")),
         ]);
-        let mut pod = object(Some("a"), "p");
-        pod.metadata.labels = Some([("app".to_string(), "web".to_string())].into());
+        let web = pod(
+            Some("a"),
+            "p",
+            serde_json::json!({"labels": {"app": "web"}}),
+        );
+        let pod = web;
         assert_eq!(
             related_parents(&selectors, 0, &pod, true),
             vec![key("a", "one")]
@@ -1118,8 +1115,8 @@ mod tests {
             related_parents(&selectors, 0, &pod, false),
             vec![key("a", "one"), key("b", "four")]
         );
-        pod.metadata.labels = None;
-        assert!(related_parents(&selectors, 0, &pod, true).is_empty());
+        let bare = object(Some("a"), "p");
+        assert!(related_parents(&selectors, 0, &bare, true).is_empty());
     }
 
     #[test]

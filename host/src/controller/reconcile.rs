@@ -21,6 +21,7 @@ use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::core::Selector;
 use kube::runtime::events::{Event, EventType};
 use serde_json::{Value, json};
+use std::sync::OnceLock;
 use tracing::Instrument;
 use wasmop_contract::validate::{self, Target, Validated};
 use wasmop_contract::wire::{WireEvent, WireResponse};
@@ -39,7 +40,7 @@ use crate::status::{self, Ready};
 use crate::telemetry::metrics;
 use crate::telemetry::metrics::{CallLabels, PluginLabels, ReasonLabels, ResultLabels};
 use crate::text::truncate;
-use crate::watch::{ObjKey, undecodable};
+use crate::watch::{ObjKey, Object};
 use sha2::{Digest, Sha256};
 
 /// The last request of a parent that changed nothing: its version, the request's hash, and
@@ -164,11 +165,11 @@ pub async fn run(
 async fn steps(
     shared: &Shared,
     loaded: &Loaded,
-    parent: &Arc<DynamicObject>,
+    parent: &Arc<Object>,
     may_defer_status: bool,
 ) -> Result<Outcome, Failure> {
     // 0. An object the watch could not decode is only reported, never handed to the plugin.
-    if let Some(error) = undecodable(parent) {
+    if let Some(error) = parent.undecodable() {
         return Err(ReconcileError::Undecodable(error.to_string()).into());
     }
     let step = Step::new(shared, loaded, parent);
@@ -256,24 +257,22 @@ impl Outcome {
 struct Step<'a> {
     shared: &'a Shared,
     loaded: &'a Loaded,
-    parent: &'a Arc<DynamicObject>,
-    parent_json: Value,
+    parent: &'a Arc<Object>,
+    // Parsed only for the steps that read it (validation), after a call.
+    parent_json: OnceLock<Value>,
     api: Api<DynamicObject>,
     deleting: bool,
 }
 
 impl<'a> Step<'a> {
-    fn new(shared: &'a Shared, loaded: &'a Loaded, parent: &'a Arc<DynamicObject>) -> Self {
+    fn new(shared: &'a Shared, loaded: &'a Loaded, parent: &'a Arc<Object>) -> Self {
         Step {
             shared,
             loaded,
             parent,
-            parent_json: serde_json::to_value(parent.as_ref()).expect("object serialises"),
-            api: shared
-                .kinds
-                .parent
-                .api(&shared.writer, parent.metadata.namespace.as_deref()),
-            deleting: parent.metadata.deletion_timestamp.is_some(),
+            parent_json: OnceLock::new(),
+            api: shared.kinds.parent.api(&shared.writer, parent.namespace()),
+            deleting: parent.is_deleting(),
         }
     }
 
@@ -281,14 +280,13 @@ impl<'a> Step<'a> {
         self.loaded.plugin.manifest()
     }
 
+    fn parent_value(&self) -> &Value {
+        self.parent_json.get_or_init(|| self.parent.value())
+    }
+
     fn has_finalizer(&self) -> bool {
         let finalizer = self.manifest().finalizer_name();
-        self.parent
-            .metadata
-            .finalizers
-            .iter()
-            .flatten()
-            .any(|f| *f == finalizer)
+        self.parent.finalizers().contains(&finalizer)
     }
 
     /// Adds the plugin's finalizer if it wants one; `false` when the parent is being deleted
@@ -309,7 +307,7 @@ impl<'a> Step<'a> {
     /// change or a new plugin version runs.
     async fn related_selectors(&self) -> Result<Vec<RelatedSelector>, Failure> {
         let plugin = &self.loaded.plugin;
-        let key = crate::watch::key_of(self.parent);
+        let key = self.parent.key();
         let fingerprint = super::fingerprint(self.parent);
         let known = {
             let cached = self.shared.selectors.lock().expect("selectors lock");
@@ -324,7 +322,7 @@ impl<'a> Step<'a> {
         let selectors = timed(
             self.manifest(),
             "related",
-            plugin.related(&self.parent_json),
+            plugin.related_encoded(self.parent.json().to_owned()),
         )
         .await?;
         let parsed = parse_selectors(&self.shared.kinds, &selectors)?;
@@ -348,7 +346,7 @@ impl<'a> Step<'a> {
     fn encode(&self, selectors: &[RelatedSelector]) -> Result<String, PluginError> {
         let mut request = gather::request(
             self.manifest(),
-            &self.parent_json,
+            self.parent,
             self.shared.kinds.parent.scope(),
             selectors,
             &CacheObserved(self.shared),
@@ -371,7 +369,7 @@ impl<'a> Step<'a> {
 
     /// The requeue of the last quiet reconcile, if `encoded` is its request again.
     fn quiet(&self, encoded: &str) -> Option<Option<Duration>> {
-        let key = crate::watch::key_of(self.parent);
+        let key = self.parent.key();
         let quiet = self.shared.quiet.lock().expect("quiet lock");
         quiet
             .get(&key)
@@ -381,7 +379,7 @@ impl<'a> Step<'a> {
 
     /// Records (or, with `None`, forgets) the request of a reconcile that changed nothing.
     fn remember(&self, quiet: Option<Quiet>) {
-        let key = crate::watch::key_of(self.parent);
+        let key = self.parent.key();
         let mut memo = self.shared.quiet.lock().expect("quiet lock");
         match quiet {
             Some(q) => memo.insert(key, q),
@@ -394,7 +392,7 @@ impl<'a> Step<'a> {
         let scope_of = |k: &KindRef| kinds.scope_of(k);
         let target = Target {
             manifest: self.manifest(),
-            parent: &self.parent_json,
+            parent: self.parent_value(),
             scope_of: &scope_of,
             parent_scope: kinds.parent.scope(),
         };
@@ -404,7 +402,7 @@ impl<'a> Step<'a> {
     /// The desired children beside the observed ones, for [`apply`].
     fn children<'s>(&'s self, desired: Vec<Value>, field_manager: &'s str) -> Children<'s> {
         let kinds = &self.shared.kinds;
-        let uid = self.parent.metadata.uid.clone().unwrap_or_default();
+        let uid = self.parent.uid().unwrap_or_default();
         Children {
             kinds: &self.shared.child_kinds,
             desired,
@@ -412,7 +410,7 @@ impl<'a> Step<'a> {
                 .shared
                 .children
                 .iter()
-                .map(|c| c.controlled_by(&uid))
+                .map(|c| c.controlled_by(uid))
                 .collect(),
             owner: apply::ssa::owner_reference(
                 self.parent,
@@ -449,9 +447,9 @@ impl<'a> Step<'a> {
         }
         let ready = status::reconciled(&self.loaded.describe());
         let desired = status::desired(
-            self.parent.data.get("status"),
+            self.parent.field("status").as_ref(),
             plugin_status,
-            self.parent.metadata.generation,
+            self.parent.generation(),
             &ready,
             &status::now(),
         );
@@ -486,19 +484,19 @@ impl<'a> Step<'a> {
 /// being deleted.
 pub async fn preview(shared: &Shared, loaded: &Loaded, key: &ObjKey) -> Option<ParentPreview> {
     let parent = shared.parents.get(key.0.as_deref(), &key.1)?;
-    if parent.metadata.deletion_timestamp.is_some() {
+    if parent.is_deleting() {
         return None;
     }
     let step = Step::new(shared, loaded, &parent);
     let result: Result<ParentPreview, ReconcileError> = async {
-        if let Some(error) = undecodable(&parent) {
+        if let Some(error) = parent.undecodable() {
             return Err(ReconcileError::Undecodable(error.to_string()));
         }
         // Asked afresh, and not kept: the kept selectors are the live version's.
         let selectors = timed(
             step.manifest(),
             "related",
-            loaded.plugin.related(&step.parent_json),
+            loaded.plugin.related_encoded(parent.json().to_owned()),
         )
         .await?;
         parse_selectors(&shared.kinds, &selectors)?;
@@ -507,7 +505,7 @@ pub async fn preview(shared: &Shared, loaded: &Loaded, key: &ObjKey) -> Option<P
         let field_manager = step.manifest().field_manager();
         let planned = apply::plan(step.children(validated.children, &field_manager));
         let children = apply::preview::preview(&shared.writer, &planned, &field_manager).await;
-        let status = status_changes(parent.data.get("status"), validated.status.as_ref());
+        let status = status_changes(parent.field("status").as_ref(), validated.status.as_ref());
         Ok(ParentPreview {
             children,
             status,
@@ -580,14 +578,14 @@ async fn timed<T>(
 async fn record_failure(
     shared: &Shared,
     loaded: &Loaded,
-    parent: &DynamicObject,
+    parent: &Object,
     failure: Failure,
 ) -> ReconcileError {
     let Failure { error, status } = failure;
     let reason = error.reason();
     let message = format!("plugin {} failed: {error}", loaded.describe());
     publish(shared, parent, EventType::Warning, reason, &message);
-    if parent.metadata.deletion_timestamp.is_some() || shared.kinds.parent.is_builtin() {
+    if parent.is_deleting() || shared.kinds.parent.is_builtin() {
         return error;
     }
     let ready = Ready {
@@ -596,16 +594,13 @@ async fn record_failure(
         message: truncate(message, 1024),
     };
     let desired = status::desired(
-        parent.data.get("status"),
+        parent.field("status").as_ref(),
         status.as_ref(),
-        parent.metadata.generation,
+        parent.generation(),
         &ready,
         &status::now(),
     );
-    let api = shared
-        .kinds
-        .parent
-        .api(&shared.writer, parent.metadata.namespace.as_deref());
+    let api = shared.kinds.parent.api(&shared.writer, parent.namespace());
     let field_manager = loaded.plugin.manifest().field_manager();
     if let Err(e) = status::write(&api, parent, desired, &field_manager).await {
         tracing::warn!(error = %crate::text::chain(&e), "could not record the failure in the parent's status");
@@ -613,15 +608,15 @@ async fn record_failure(
     error
 }
 
-fn publish(shared: &Shared, parent: &DynamicObject, type_: EventType, reason: &str, message: &str) {
-    let types = parent.types.clone().unwrap_or_default();
+fn publish(shared: &Shared, parent: &Object, type_: EventType, reason: &str, message: &str) {
+    let owned = |s: Option<&str>| s.map(str::to_owned);
     let reference = ObjectReference {
-        api_version: Some(types.api_version),
-        kind: Some(types.kind),
-        name: parent.metadata.name.clone(),
-        namespace: parent.metadata.namespace.clone(),
-        uid: parent.metadata.uid.clone(),
-        resource_version: parent.metadata.resource_version.clone(),
+        api_version: Some(parent.api_version().to_owned()),
+        kind: Some(parent.kind().to_owned()),
+        name: Some(parent.name().to_owned()),
+        namespace: owned(parent.namespace()),
+        uid: owned(parent.uid()),
+        resource_version: owned(parent.resource_version()),
         ..Default::default()
     };
     let event = Event {
@@ -636,20 +631,20 @@ fn publish(shared: &Shared, parent: &DynamicObject, type_: EventType, reason: &s
 
 async fn add_finalizer(
     api: &Api<DynamicObject>,
-    parent: &DynamicObject,
+    parent: &Object,
     finalizer: &str,
 ) -> Result<(), ReconcileError> {
-    let mut list = parent.metadata.finalizers.clone().unwrap_or_default();
+    let mut list = parent.finalizers().to_vec();
     list.push(finalizer.to_string());
     set_finalizers(api, parent, list, finalizer).await
 }
 
 pub(super) async fn remove_finalizer(
     api: &Api<DynamicObject>,
-    parent: &DynamicObject,
+    parent: &Object,
     finalizer: &str,
 ) -> Result<(), ReconcileError> {
-    let mut list = parent.metadata.finalizers.clone().unwrap_or_default();
+    let mut list = parent.finalizers().to_vec();
     list.retain(|f| f != finalizer);
     set_finalizers(api, parent, list, finalizer).await
 }
@@ -658,15 +653,15 @@ pub(super) async fn remove_finalizer(
 // controllers' finalizers added meanwhile make it fail with a conflict, not vanish.
 async fn set_finalizers(
     api: &Api<DynamicObject>,
-    parent: &DynamicObject,
+    parent: &Object,
     list: Vec<String>,
     finalizer: &str,
 ) -> Result<(), ReconcileError> {
     let patch = json!({"metadata": {
-        "resourceVersion": parent.metadata.resource_version,
+        "resourceVersion": parent.resource_version(),
         "finalizers": list,
     }});
-    let name = parent.metadata.name.as_deref().unwrap_or_default();
+    let name = parent.name();
     api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .map(|_| ())
@@ -707,19 +702,13 @@ fn parse_selectors(
 /// namespace and label selector.
 struct CacheObserved<'a>(&'a Shared);
 
-impl Observed for CacheObserved<'_> {
-    fn controlled(&self, kind: &KindRef, parent_uid: &str) -> Vec<Value> {
+impl Observed<Arc<Object>> for CacheObserved<'_> {
+    fn controlled(&self, kind: &KindRef, parent_uid: &str) -> Vec<Arc<Object>> {
         self.0
             .child_kinds
             .iter()
             .position(|k| &k.kind == kind)
-            .map(|i| {
-                self.0.children[i]
-                    .controlled_by(parent_uid)
-                    .iter()
-                    .map(|o| serde_json::to_value(o.as_ref()).expect("object serialises"))
-                    .collect()
-            })
+            .map(|i| self.0.children[i].controlled_by(parent_uid))
             .unwrap_or_default()
     }
 
@@ -728,7 +717,7 @@ impl Observed for CacheObserved<'_> {
         kind: &KindRef,
         namespace: Option<&str>,
         selector: &LabelSelector,
-    ) -> Vec<Value> {
+    ) -> Vec<Arc<Object>> {
         let kinds = &self.0.kinds;
         let Some(i) = kinds.related.iter().position(|(k, _)| &k.kind == kind) else {
             return Vec::new();
@@ -738,10 +727,6 @@ impl Observed for CacheObserved<'_> {
         } else {
             None
         };
-        self.0.related[i]
-            .select(ns, selector)
-            .iter()
-            .map(|o| serde_json::to_value(o.as_ref()).expect("object serialises"))
-            .collect()
+        self.0.related[i].select(ns, selector)
     }
 }

@@ -30,20 +30,10 @@ pub fn orphaned(old: &Manifest, new: &Manifest, same_parent: bool) -> Option<Str
 /// Removes `finalizer` from every cached parent that has it; returns how many were released.
 /// A parent that cannot be patched is logged and left as it is.
 pub async fn release_all(shared: &Shared, finalizer: &str) -> usize {
-    let has = |p: &kube::api::DynamicObject| {
-        p.metadata
-            .finalizers
-            .iter()
-            .flatten()
-            .any(|f| f == finalizer)
-    };
+    let has = |p: &crate::watch::Object| p.finalizers().iter().any(|f| f == finalizer);
     let mut released = 0;
     for parent in shared.parents.list(None, has) {
-        let (ns, name) = (
-            parent.metadata.namespace.clone(),
-            parent.metadata.name.clone(),
-        );
-        let name = name.unwrap_or_default();
+        let (ns, name) = parent.key();
         let api = shared.kinds.parent.api(&shared.writer, ns.as_deref());
         for attempt in 1..=ATTEMPTS {
             // The newest copy the cache has: it may have caught up after a conflict.

@@ -96,7 +96,14 @@ impl Plugin {
 
     /// The selectors of the related objects to gather for `parent`.
     pub async fn related(&self, parent: &Value) -> Result<Vec<RelatedSelector>, PluginError> {
-        let parent = parent.to_string();
+        self.related_encoded(parent.to_string()).await
+    }
+
+    /// [`Plugin::related`] for a parent given as its JSON text.
+    pub async fn related_encoded(
+        &self,
+        parent: String,
+    ) -> Result<Vec<RelatedSelector>, PluginError> {
         self.spawn(move |plugin| plugin.related_json(&parent)).await
     }
 
@@ -112,8 +119,9 @@ impl Plugin {
         self.spawn(move |plugin| plugin.reconcile_json(&json)).await
     }
 
-    /// The request as the guest receives it (JSON), for [`Plugin::reconcile_encoded`].
-    pub fn encode(&self, req: &WireRequest) -> Result<String, PluginError> {
+    /// The request as the guest receives it (JSON), for [`Plugin::reconcile_encoded`]. Objects
+    /// may be held in any form that serialises to their JSON.
+    pub fn encode<O: serde::Serialize>(&self, req: &WireRequest<O>) -> Result<String, PluginError> {
         self.request_json(req)
     }
 
@@ -138,7 +146,10 @@ impl Plugin {
         PluginError::new(&self.inner.manifest.name, &self.inner.digest, kind)
     }
 
-    fn request_json(&self, req: &WireRequest) -> Result<String, PluginError> {
+    fn request_json<O: serde::Serialize>(
+        &self,
+        req: &WireRequest<O>,
+    ) -> Result<String, PluginError> {
         serde_json::to_string(req).map_err(|e| {
             self.error(PluginErrorKind::Internal(format!(
                 "encoding the request: {e}"

@@ -12,6 +12,8 @@
 //! | `wasmop_plugin_swaps_total` | configmap |
 //! | `wasmop_plugin_info` (gauge, 1 per loaded plugin) | configmap, plugin, version, digest |
 //! | `wasmop_workqueue_depth` (gauge) | plugin |
+//! | `wasmop_cache_objects` (gauge) | kind (`Deployment.apps/v1`), body (`full`, `metadata`) |
+//! | `wasmop_cache_bytes` (gauge, the objects' own bytes, not the indexes) | kind, body |
 
 use std::sync::OnceLock;
 
@@ -94,6 +96,15 @@ pub struct WriteLabels {
     pub resource: String,
 }
 
+/// One shared watch's cache.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CacheLabels {
+    /// `Kind.apiVersion`, e.g. `Deployment.apps/v1`.
+    pub kind: String,
+    /// `full`, or `metadata` for a metadata-only watch.
+    pub body: &'static str,
+}
+
 /// Every metric of the host.
 pub struct Metrics {
     registry: Registry,
@@ -117,6 +128,10 @@ pub struct Metrics {
     pub workqueue_depth: Family<PluginLabels, Gauge>,
     /// Writes to the API server, sent or refused by the fence.
     pub api_writes: Family<WriteLabels, Counter>,
+    /// Objects in each shared watch's cache.
+    pub cache_objects: Family<CacheLabels, Gauge>,
+    /// Bytes those objects take.
+    pub cache_bytes: Family<CacheLabels, Gauge>,
 }
 
 /// The process-wide metrics.
@@ -146,6 +161,8 @@ impl Metrics {
             plugin_info: Family::default(),
             workqueue_depth: Family::default(),
             api_writes: Family::default(),
+            cache_objects: Family::default(),
+            cache_bytes: Family::default(),
         };
         let r = &mut m.registry;
         r.register(
@@ -197,6 +214,16 @@ impl Metrics {
             "api_writes",
             "Writes to the API server: sent (answered), failed (no answer), or refused because the leader Lease is not held",
             m.api_writes.clone(),
+        );
+        r.register(
+            "cache_objects",
+            "Objects in each shared watch cache",
+            m.cache_objects.clone(),
+        );
+        r.register(
+            "cache_bytes",
+            "Bytes the objects of each shared watch cache take (text and decoded metadata; not the indexes)",
+            m.cache_bytes.clone(),
         );
         m
     }

@@ -3,34 +3,22 @@
 //! Objects are kept once, behind `Arc`, by namespace and name. Indexes answer the hot
 //! questions without scanning: which objects a given owner UID *controls*, which live in a
 //! namespace, and which carry a label (so a selector with `matchLabels` looks only at those).
-//! `managedFields` never reach the cache.
+//! Objects are [`Object`]s: JSON text plus the metadata the indexes need, never a tree.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use kube::api::DynamicObject;
 use kube::core::{Selector, SelectorExt};
+
+use super::Object;
 
 /// Namespace (`None` for cluster-scoped objects) and name.
 pub type ObjKey = (Option<String>, String);
 
-/// The key of an object.
-pub fn key_of(obj: &DynamicObject) -> ObjKey {
-    (
-        obj.metadata.namespace.clone(),
-        obj.metadata.name.clone().unwrap_or_default(),
-    )
-}
-
 /// The UID in the object's controller owner reference, if any.
-pub fn controller_uid(obj: &DynamicObject) -> Option<&str> {
-    obj.metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .find(|o| o.controller == Some(true))
-        .map(|o| o.uid.as_str())
+pub fn controller_uid(obj: &Object) -> Option<&str> {
+    obj.controller().map(|o| o.uid.as_str())
 }
 
 /// One resource type's objects.
@@ -41,26 +29,30 @@ pub struct Cache {
 
 #[derive(Default)]
 struct State {
-    by_namespace: HashMap<Option<String>, HashMap<String, Arc<DynamicObject>>>,
+    by_namespace: HashMap<Option<String>, HashMap<String, Arc<Object>>>,
     by_controller: HashMap<String, HashSet<ObjKey>>,
     by_label: HashMap<LabelKey, HashSet<String>>,
     len: usize,
+    bytes: usize,
 }
 
 /// Namespace, label key and value.
 type LabelKey = (Option<String>, String, String);
 
-fn label_keys(obj: &DynamicObject) -> impl Iterator<Item = LabelKey> + '_ {
-    obj.metadata
-        .labels
-        .iter()
-        .flatten()
-        .map(|(k, v)| (obj.metadata.namespace.clone(), k.clone(), v.clone()))
+fn label_keys(obj: &Object) -> impl Iterator<Item = LabelKey> + '_ {
+    obj.labels().iter().map(|(k, v)| {
+        (
+            obj.namespace().map(str::to_owned),
+            k.to_owned(),
+            v.to_owned(),
+        )
+    })
 }
 
 impl State {
-    fn insert(&mut self, obj: Arc<DynamicObject>) -> Option<Arc<DynamicObject>> {
-        let (ns, name) = key_of(&obj);
+    fn insert(&mut self, obj: Arc<Object>) -> Option<Arc<Object>> {
+        let (ns, name) = obj.key();
+        self.bytes += obj.heap_bytes();
         if let Some(uid) = controller_uid(&obj) {
             self.by_controller
                 .entry(uid.to_string())
@@ -73,9 +65,7 @@ impl State {
             .get(&ns)
             .and_then(|m| m.get(&name))
             .cloned();
-        let relabelled = old
-            .as_ref()
-            .is_none_or(|old| old.metadata.labels != obj.metadata.labels);
+        let relabelled = old.as_ref().is_none_or(|old| old.labels() != obj.labels());
         if relabelled {
             if let Some(old) = &old {
                 self.unindex_labels(old);
@@ -86,19 +76,23 @@ impl State {
         }
         let prev = self.by_namespace.entry(ns).or_default().insert(name, obj);
         match &prev {
-            Some(old) => self.unindex_owner_if_changed(old),
+            Some(old) => {
+                self.bytes -= old.heap_bytes();
+                self.unindex_owner_if_changed(old);
+            }
             None => self.len += 1,
         }
         prev
     }
 
-    fn remove(&mut self, key: &ObjKey) -> Option<Arc<DynamicObject>> {
+    fn remove(&mut self, key: &ObjKey) -> Option<Arc<Object>> {
         let names = self.by_namespace.get_mut(&key.0)?;
         let old = names.remove(&key.1)?;
         if names.is_empty() {
             self.by_namespace.remove(&key.0);
         }
         self.len -= 1;
+        self.bytes -= old.heap_bytes();
         if let Some(uid) = controller_uid(&old) {
             self.unindex(uid, key);
         }
@@ -106,8 +100,8 @@ impl State {
         Some(old)
     }
 
-    fn unindex_labels(&mut self, old: &DynamicObject) {
-        let name = old.metadata.name.as_deref().unwrap_or_default();
+    fn unindex_labels(&mut self, old: &Object) {
+        let name = old.name();
         for label in label_keys(old) {
             if let Some(names) = self.by_label.get_mut(&label) {
                 names.remove(name);
@@ -119,8 +113,8 @@ impl State {
     }
 
     // An update can change or drop the controller reference: clear the stale index entry.
-    fn unindex_owner_if_changed(&mut self, old: &DynamicObject) {
-        let key = key_of(old);
+    fn unindex_owner_if_changed(&mut self, old: &Object) {
+        let key = old.key();
         let Some(old_uid) = controller_uid(old) else {
             return;
         };
@@ -147,17 +141,17 @@ impl State {
 
 impl Cache {
     /// Stores or replaces an object; returns the previous version.
-    pub fn apply(&self, obj: Arc<DynamicObject>) -> Option<Arc<DynamicObject>> {
+    pub fn apply(&self, obj: Arc<Object>) -> Option<Arc<Object>> {
         self.state.write().expect("cache lock").insert(obj)
     }
 
     /// Forgets an object; returns what was stored.
-    pub fn delete(&self, key: &ObjKey) -> Option<Arc<DynamicObject>> {
+    pub fn delete(&self, key: &ObjKey) -> Option<Arc<Object>> {
         self.state.write().expect("cache lock").remove(key)
     }
 
     /// Replaces everything after a (re)list. Returns the objects that vanished.
-    pub fn replace(&self, objects: Vec<Arc<DynamicObject>>) -> Vec<Arc<DynamicObject>> {
+    pub fn replace(&self, objects: Vec<Arc<Object>>) -> Vec<Arc<Object>> {
         let mut fresh = State::default();
         for obj in objects {
             fresh.insert(obj);
@@ -178,7 +172,7 @@ impl Cache {
     }
 
     /// One object by namespace and name.
-    pub fn get(&self, namespace: Option<&str>, name: &str) -> Option<Arc<DynamicObject>> {
+    pub fn get(&self, namespace: Option<&str>, name: &str) -> Option<Arc<Object>> {
         let state = self.state.read().expect("cache lock");
         state
             .by_namespace
@@ -188,7 +182,7 @@ impl Cache {
     }
 
     /// The objects whose controller owner reference has this UID.
-    pub fn controlled_by(&self, uid: &str) -> Vec<Arc<DynamicObject>> {
+    pub fn controlled_by(&self, uid: &str) -> Vec<Arc<Object>> {
         let state = self.state.read().expect("cache lock");
         let Some(keys) = state.by_controller.get(uid) else {
             return Vec::new();
@@ -202,11 +196,11 @@ impl Cache {
     pub fn list(
         &self,
         namespace: Option<&str>,
-        mut filter: impl FnMut(&DynamicObject) -> bool,
-    ) -> Vec<Arc<DynamicObject>> {
+        mut filter: impl FnMut(&Object) -> bool,
+    ) -> Vec<Arc<Object>> {
         let state = self.state.read().expect("cache lock");
         let mut out = Vec::new();
-        let mut scan = |names: &HashMap<String, Arc<DynamicObject>>| {
+        let mut scan = |names: &HashMap<String, Arc<Object>>| {
             out.extend(names.values().filter(|o| filter(o)).cloned());
         };
         match namespace {
@@ -222,17 +216,11 @@ impl Cache {
 
     /// The objects in one namespace (all of them for `None`) whose labels match `selector`.
     /// In a namespace, only the objects carrying the rarest of its `matchLabels` are tested.
-    pub fn select(
-        &self,
-        namespace: Option<&str>,
-        selector: &LabelSelector,
-    ) -> Vec<Arc<DynamicObject>> {
+    pub fn select(&self, namespace: Option<&str>, selector: &LabelSelector) -> Vec<Arc<Object>> {
         let Ok(parsed) = Selector::try_from(selector.clone()) else {
             return Vec::new();
         };
-        let empty = Default::default();
-        let matches =
-            |o: &DynamicObject| parsed.matches(o.metadata.labels.as_ref().unwrap_or(&empty));
+        let matches = |o: &Object| parsed.matches(&o.labels().to_map());
         let Some(ns) = namespace else {
             return self.list(None, matches);
         };
@@ -265,6 +253,12 @@ impl Cache {
         self.state.read().expect("cache lock").len
     }
 
+    /// The heap bytes its objects take, roughly ([`Object::heap_bytes`] summed; the indexes
+    /// are not counted).
+    pub fn bytes(&self) -> usize {
+        self.state.read().expect("cache lock").bytes
+    }
+
     /// True when nothing is stored.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -273,49 +267,40 @@ impl Cache {
 
 #[cfg(test)]
 mod tests {
-    use kube::api::ObjectMeta;
     use serde_json::json;
 
     use super::*;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
-    fn obj(ns: &str, name: &str, owner: Option<&str>) -> Arc<DynamicObject> {
-        Arc::new(DynamicObject {
-            types: None,
-            metadata: ObjectMeta {
-                namespace: Some(ns.into()),
-                name: Some(name.into()),
-                owner_references: owner.map(|uid| {
-                    vec![OwnerReference {
-                        uid: uid.into(),
-                        controller: Some(true),
-                        ..Default::default()
-                    }]
-                }),
-                ..Default::default()
-            },
-            data: json!({}),
-        })
+    fn object(ns: &str, name: &str, owner: Option<&str>, labels: &[(&str, &str)]) -> Arc<Object> {
+        let owners: Vec<_> = owner
+            .map(|uid| json!({"apiVersion": "v1", "kind": "K", "name": "o", "uid": uid, "controller": true}))
+            .into_iter()
+            .collect();
+        let labels: serde_json::Map<_, _> = labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), json!(v)))
+            .collect();
+        Arc::new(
+            Object::from_value(&json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"namespace": ns, "name": name, "ownerReferences": owners, "labels": labels},
+            }))
+            .unwrap(),
+        )
     }
 
-    fn names(objs: Vec<Arc<DynamicObject>>) -> Vec<String> {
-        let mut n: Vec<String> = objs
-            .iter()
-            .map(|o| o.metadata.name.clone().unwrap())
-            .collect();
+    fn obj(ns: &str, name: &str, owner: Option<&str>) -> Arc<Object> {
+        object(ns, name, owner, &[])
+    }
+
+    fn names(objs: Vec<Arc<Object>>) -> Vec<String> {
+        let mut n: Vec<String> = objs.iter().map(|o| o.name().to_owned()).collect();
         n.sort();
         n
     }
 
-    fn labelled(ns: &str, name: &str, labels: &[(&str, &str)]) -> Arc<DynamicObject> {
-        let mut o = Arc::unwrap_or_clone(obj(ns, name, None));
-        o.metadata.labels = Some(
-            labels
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        );
-        Arc::new(o)
+    fn labelled(ns: &str, name: &str, labels: &[(&str, &str)]) -> Arc<Object> {
+        object(ns, name, None, labels)
     }
 
     fn selector(match_labels: &[(&str, &str)], expr: Option<(&str, &str)>) -> LabelSelector {
@@ -393,5 +378,16 @@ mod tests {
         assert!(cache.get(Some("a"), "p1").is_none());
         assert_eq!(names(cache.controlled_by("u")), ["p3"]);
         assert_eq!(cache.len(), 2);
+        let expected: usize = ["p2", "p3"]
+            .iter()
+            .map(|n| cache.get(Some("b"), n).unwrap().heap_bytes())
+            .sum();
+        assert_eq!(cache.bytes(), expected);
+        cache.apply(obj("b", "p2", Some("u")));
+        cache.delete(&(Some("b".into()), "p3".into()));
+        assert_eq!(
+            cache.bytes(),
+            cache.get(Some("b"), "p2").unwrap().heap_bytes()
+        );
     }
 }

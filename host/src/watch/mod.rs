@@ -5,11 +5,14 @@
 //! watch; dropping the last one stops it. Changes fan out over unbounded channels so a slow
 //! plugin never holds up the watch or the other plugins.
 //!
+//! Every object is decoded straight from the API server's JSON into an [`Object`] (its text
+//! and the metadata the host indexes), never into a `Value` tree.
+//!
 //! Related kinds marked metadata-only are watched as `PartialObjectMetadata`: the cache then
 //! holds only `apiVersion`, `kind` and `metadata`. A kind watched both ways gets two watches.
 
 pub mod cache;
-pub mod lenient;
+pub mod object;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -17,28 +20,29 @@ use std::sync::{Arc, Mutex, Weak};
 use tokio::time::Instant;
 
 use futures::StreamExt;
-use kube::api::{Api, ApiResource, DynamicObject, PartialObjectMeta, TypeMeta};
+use kube::Client;
+use kube::api::{Api, ApiResource, TypeMeta};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, ResourceExt};
 use tokio::sync::{mpsc, watch};
 
-pub use cache::{Cache, ObjKey, controller_uid, key_of};
+pub use cache::{Cache, ObjKey, controller_uid};
+pub use object::{Full, Labels, MetaOnly, Object};
 
 use crate::telemetry::health::Health;
-pub use lenient::{Lenient, UNDECODABLE_ANNOTATION, undecodable};
+use crate::telemetry::metrics::{CacheLabels, metrics};
 
 /// What changed in a watched resource type.
 #[derive(Debug, Clone)]
 pub enum Change {
     /// An object was created or updated (or seen in a (re)list).
-    Applied(Arc<DynamicObject>),
+    Applied(Arc<Object>),
     /// An object is gone; this is its last known state.
-    Deleted(Arc<DynamicObject>),
+    Deleted(Arc<Object>),
 }
 
 impl Change {
     /// The object concerned.
-    pub fn object(&self) -> &Arc<DynamicObject> {
+    pub fn object(&self) -> &Arc<Object> {
         match self {
             Change::Applied(o) | Change::Deleted(o) => o,
         }
@@ -101,6 +105,9 @@ struct Subscribers {
 impl Drop for SharedWatch {
     fn drop(&mut self) {
         self.task.abort();
+        let labels = cache_labels(&self.key);
+        metrics().cache_objects.remove(&labels);
+        metrics().cache_bytes.remove(&labels);
         self.health.watch_ok(&self.key.to_string());
         tracing::debug!(kind = %self.key.resource.kind, "watch stopped");
     }
@@ -242,22 +249,19 @@ impl Hub {
     }
 }
 
-/// What the cache keeps of an object: no managed fields, and always its `apiVersion` and
-/// `kind` (list items of built-in kinds come without them).
-fn strip(mut obj: DynamicObject, types: &TypeMeta) -> Arc<DynamicObject> {
-    if obj.types.as_ref().is_none_or(|t| t.kind.is_empty()) {
-        obj.types = Some(types.clone());
-    }
-    if let Some(error) = undecodable(&obj) {
+/// What the cache keeps of an object: always its `apiVersion` and `kind` (list items of
+/// built-in kinds come without them, metadata-only ones name `PartialObjectMetadata`).
+fn typed(obj: Object, types: &TypeMeta) -> Arc<Object> {
+    let obj = obj.with_type(types);
+    if let Some(error) = obj.undecodable() {
         tracing::warn!(
-            kind = obj.types.as_ref().map_or("", |t| t.kind.as_str()),
-            namespace = obj.metadata.namespace.as_deref().unwrap_or(""),
-            name = obj.metadata.name.as_deref().unwrap_or(""),
+            kind = obj.kind(),
+            namespace = obj.namespace().unwrap_or(""),
+            name = obj.name(),
             error,
             "object cannot be decoded; kept by its metadata only"
         );
     }
-    obj.managed_fields_mut().clear();
     Arc::new(obj)
 }
 
@@ -290,29 +294,31 @@ async fn run_watch(
     };
     let events = if key.metadata_only {
         let api = match &key.namespace {
-            Some(ns) => {
-                Api::<PartialObjectMeta<DynamicObject>>::namespaced_with(client, ns, &key.resource)
-            }
+            Some(ns) => Api::<MetaOnly>::namespaced_with(client, ns, &key.resource),
             None => Api::all_with(client, &key.resource),
         };
-        let types = types.clone();
         watcher(api, config)
             .default_backoff()
-            .map(move |ev| ev.map(|e| e.map_to_dynamic(&types)))
+            .map(|ev| ev.map(|e| unwrap(e, |MetaOnly(o)| o)))
             .boxed()
     } else {
         let api = match &key.namespace {
-            Some(ns) => Api::<Lenient>::namespaced_with(client, ns, &key.resource),
+            Some(ns) => Api::<Full>::namespaced_with(client, ns, &key.resource),
             None => Api::all_with(client, &key.resource),
         };
-        // One object too deep to decode must not fail its kind's watch.
         watcher(api, config)
             .default_backoff()
-            .map(|ev| ev.map(unwrap_lenient))
+            .map(|ev| ev.map(|e| unwrap(e, |Full(o)| o)))
             .boxed()
     };
     let mut events = std::pin::pin!(events);
-    let mut relist: Vec<Arc<DynamicObject>> = Vec::new();
+    let mut relist: Vec<Arc<Object>> = Vec::new();
+    let labels = cache_labels(&key);
+    let m = metrics();
+    let (objects, bytes) = (
+        m.cache_objects.get_or_create_owned(&labels),
+        m.cache_bytes.get_or_create_owned(&labels),
+    );
     while let Some(event) = events.next().await {
         match &event {
             Ok(_) => {
@@ -326,7 +332,7 @@ async fn run_watch(
         }
         match event {
             Ok(watcher::Event::Init) => relist.clear(),
-            Ok(watcher::Event::InitApply(obj)) => relist.push(strip(obj, &types)),
+            Ok(watcher::Event::InitApply(obj)) => relist.push(typed(obj, &types)),
             Ok(watcher::Event::InitDone) => {
                 let listed = std::mem::take(&mut relist);
                 let applied: Vec<Change> = listed.iter().cloned().map(Change::Applied).collect();
@@ -340,19 +346,32 @@ async fn run_watch(
                 );
             }
             Ok(watcher::Event::Apply(obj)) => {
-                let obj = strip(obj, &types);
+                let obj = typed(obj, &types);
                 cache.apply(obj.clone());
                 broadcast(&me, [Change::Applied(obj)]);
             }
             Ok(watcher::Event::Delete(obj)) => {
-                let obj = strip(obj, &types);
-                let last = cache.delete(&key_of(&obj)).unwrap_or(obj);
+                let obj = typed(obj, &types);
+                let last = cache.delete(&obj.key()).unwrap_or(obj);
                 broadcast(&me, [Change::Deleted(last)]);
             }
             Err(err) => {
                 tracing::warn!(%kind, error = %crate::text::chain(&err), "watch failed; retrying with backoff")
             }
         }
+        objects.set(cache.len() as i64);
+        bytes.set(cache.bytes() as i64);
+    }
+}
+
+fn cache_labels(key: &WatchKey) -> CacheLabels {
+    CacheLabels {
+        kind: wasmop_contract::wire::kind_key(&key.resource.api_version, &key.resource.kind),
+        body: if key.metadata_only {
+            "metadata"
+        } else {
+            "full"
+        },
     }
 }
 
@@ -388,34 +407,12 @@ fn is_not_found(error: &watcher::Error) -> bool {
     }
 }
 
-fn unwrap_lenient(event: watcher::Event<Lenient>) -> watcher::Event<DynamicObject> {
+fn unwrap<K>(event: watcher::Event<K>, object: impl Fn(K) -> Object) -> watcher::Event<Object> {
     match event {
         watcher::Event::Init => watcher::Event::Init,
         watcher::Event::InitDone => watcher::Event::InitDone,
-        watcher::Event::InitApply(Lenient(o)) => watcher::Event::InitApply(o),
-        watcher::Event::Apply(Lenient(o)) => watcher::Event::Apply(o),
-        watcher::Event::Delete(Lenient(o)) => watcher::Event::Delete(o),
-    }
-}
-
-/// Turns metadata-only watch events into [`DynamicObject`]s with empty bodies.
-trait MapToDynamic {
-    fn map_to_dynamic(self, types: &TypeMeta) -> watcher::Event<DynamicObject>;
-}
-
-impl MapToDynamic for watcher::Event<PartialObjectMeta<DynamicObject>> {
-    fn map_to_dynamic(self, types: &TypeMeta) -> watcher::Event<DynamicObject> {
-        let convert = |p: PartialObjectMeta<DynamicObject>| DynamicObject {
-            types: Some(types.clone()),
-            metadata: p.metadata,
-            data: serde_json::Value::Object(Default::default()),
-        };
-        match self {
-            watcher::Event::Init => watcher::Event::Init,
-            watcher::Event::InitDone => watcher::Event::InitDone,
-            watcher::Event::InitApply(p) => watcher::Event::InitApply(convert(p)),
-            watcher::Event::Apply(p) => watcher::Event::Apply(convert(p)),
-            watcher::Event::Delete(p) => watcher::Event::Delete(convert(p)),
-        }
+        watcher::Event::InitApply(o) => watcher::Event::InitApply(object(o)),
+        watcher::Event::Apply(o) => watcher::Event::Apply(object(o)),
+        watcher::Event::Delete(o) => watcher::Event::Delete(object(o)),
     }
 }
