@@ -45,6 +45,18 @@ pub enum Command {
     /// Create a standalone plugin crate: a parent kind, reconcile logic with tests, the CRD
     /// written from the Rust types, a sample, and the commands to build and install it.
     New(NewArgs),
+    /// What `wasmop run` starts to compile a plugin in a process of its own: a module on
+    /// stdin, the compiled artifact on stdout.
+    #[command(name = "compile-plugin", hide = true)]
+    CompilePlugin(CompilePluginArgs),
+}
+
+/// `wasmop compile-plugin`.
+#[derive(Debug, Args)]
+pub struct CompilePluginArgs {
+    /// The pool size of the host's engine, which this one must match.
+    #[arg(long)]
+    pub max_instances: u32,
 }
 
 /// `wasmop new`.
@@ -179,6 +191,11 @@ pub struct RunArgs {
     /// a call that would pass it fails (and is retried) instead of growing the host.
     #[arg(long, default_value_t = config::SANDBOX_MEMORY_MIB)]
     pub sandbox_memory_mib: u64,
+    /// Do not share compiled plugins with the host's other replicas through the cluster (the
+    /// Secret `wasmop-artifact-key` and ConfigMaps `wasmop-artifact-*` in `--namespace`); each
+    /// pod then compiles every plugin itself.
+    #[arg(long)]
+    pub no_shared_artifacts: bool,
     /// Parents reconciled at the same time, per plugin.
     #[arg(long, default_value_t = config::CONCURRENCY)]
     pub concurrency: usize,

@@ -69,6 +69,10 @@ pub const COMPILE_TIMEOUT: Duration = Duration::from_secs(60);
 /// flood of slow modules cannot take every core (each compile is parallel inside already).
 pub const COMPILE_SLOTS: usize = 2;
 
+/// How long a host waits for a compiled artifact another replica shared before compiling the
+/// plugin itself.
+pub const ARTIFACT_FETCH_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Plugin calls that may run at once over all plugins; more wait for a slot.
 pub const MAX_INSTANCES: u32 = 64;
 

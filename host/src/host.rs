@@ -34,6 +34,7 @@ use tokio::sync::watch;
 use crate::client::Fence;
 use crate::config;
 use crate::controller::{self, Supervisor};
+use crate::plugin::artifacts::ClusterArtifacts;
 use crate::plugin::{Loader, Registry, Status};
 use crate::sandbox::{Limits, Sandbox, SandboxConfig};
 use crate::telemetry::health::Health;
@@ -52,6 +53,9 @@ pub struct HostConfig {
     pub controller: controller::Config,
     /// The sandbox's slots and compile cache.
     pub sandbox: SandboxConfig,
+    /// Share compiled plugins with the other replicas through the cluster
+    /// ([`crate::plugin::artifacts`]).
+    pub share_artifacts: bool,
     /// Where `/healthz` and `/readyz` are served (port 0 picks a free one; see
     /// [`Host::probe_addr`]).
     pub probe_addr: SocketAddr,
@@ -71,6 +75,7 @@ impl Default for HostConfig {
             limits: Limits::default(),
             controller: controller::Config::default(),
             sandbox: SandboxConfig::default(),
+            share_artifacts: true,
             probe_addr: config::PROBE_ADDR.parse().expect("a socket address"),
             metrics_addr: config::METRICS_ADDR.parse().expect("a socket address"),
             leader_election: None,
@@ -128,6 +133,13 @@ impl Host {
     /// with leader election, every write also passes the leader's [`Fence`].
     pub async fn new(client: Client, config: HostConfig) -> anyhow::Result<Host> {
         let sandbox = Sandbox::new(config.sandbox.clone()).context("starting the sandbox")?;
+        if config.share_artifacts {
+            // Unfenced: a standby shares what it compiled too, and an artifact is no reconcile.
+            sandbox.share(std::sync::Arc::new(ClusterArtifacts::new(
+                client.clone(),
+                &config.namespace,
+            )));
+        }
         let fence = match &config.leader_election {
             Some(election) => {
                 // The fence shuts 1 s before the Lease expires, so the renewal must come earlier.

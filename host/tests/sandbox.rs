@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use wasmop::gather::{self, ObjectList};
 use wasmop::kinds::Scope;
-use wasmop::sandbox::{Call, Limits, Plugin, PluginError, PluginErrorKind, Sandbox, SandboxConfig};
+use wasmop::sandbox::{
+    Call, Compiler, Limits, Plugin, PluginError, PluginErrorKind, Sandbox, SandboxConfig,
+};
 use wasmop::validate::{self, Target, ValidationError};
 use wasmop_contract::KindRef;
 use wasmop_contract::wire::WireRequest;
@@ -724,4 +726,46 @@ fn a_compile_past_its_deadline_fails_the_load() {
         let plugin = patient.load(wasm, LIMITS).await.unwrap();
         assert_eq!(plugin.manifest().name, "memcached");
     });
+}
+
+#[test]
+fn a_compile_in_a_child_process_loads_says_why_it_failed_and_is_stopped_at_its_deadline() {
+    let wasm = test_artifacts::read(test_artifacts::MEMCACHED);
+    let in_child = |compile_timeout| {
+        Sandbox::new(SandboxConfig {
+            max_instances: 2,
+            cache_dir: None,
+            compile_timeout,
+            compiler: Compiler::Subprocess(env!("CARGO_BIN_EXE_wasmop").into()),
+            ..SandboxConfig::default()
+        })
+        .unwrap()
+    };
+    let plugin = in_child(Duration::from_secs(60))
+        .load_blocking(&wasm, LIMITS)
+        .expect("compiled in a child");
+    assert_eq!(plugin.manifest().name, "memcached");
+    let memcached = json!({
+        "apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
+        "metadata": {"name": "mc", "namespace": "ns", "uid": "u-1"}, "spec": {"size": 1}
+    });
+    let selectors = plugin.related_blocking(&memcached).expect("it answers");
+    assert_eq!(selectors.len(), 1);
+
+    // A component header on garbage: the child's own message comes back.
+    let garbage = [&b"\0asm\x0d\0\x01\0"[..], b"garbage"].concat();
+    let err = in_child(Duration::from_secs(60))
+        .load_blocking(&garbage, LIMITS)
+        .unwrap_err();
+    assert_eq!(err.kind.reason(), "NotAComponent", "{err}");
+    assert!(err.to_string().contains("failed to parse"), "{err}");
+
+    // No time at all: the child is killed, not left running.
+    let err = in_child(Duration::from_millis(1))
+        .load_blocking(&wasm, LIMITS)
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("the compiler was stopped"),
+        "{err}"
+    );
 }

@@ -274,6 +274,11 @@ impl Host {
         )
     }
 
+    /// Starts `wasmop run` with these environment variables.
+    pub fn start_with_env(kubeconfig: &Path, namespace: &str, envs: &[(&str, &str)]) -> Host {
+        Host::launch(kubeconfig, namespace, namespace, &[], envs)
+    }
+
     fn launch(
         kubeconfig: &Path,
         namespace: &str,

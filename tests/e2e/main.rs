@@ -5,6 +5,7 @@
 //! `--watch-namespace`, so the tests run side by side on one plane. Only `deploy` also uses
 //! `wasmop-system`, where `kubectl apply -k deploy/` installs the host.
 
+mod artifacts;
 mod common;
 mod deploy;
 mod failures;

@@ -24,6 +24,9 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Capture(args) => capture::run(args),
         Command::Replay(args) => replay::run(args),
         Command::New(args) => new::run(args),
+        Command::CompilePlugin(args) => {
+            crate::sandbox::serve_compile(args.max_instances).map_err(anyhow::Error::msg)
+        }
     }
 }
 

@@ -11,7 +11,7 @@ use anyhow::Context;
 use tracing_subscriber::EnvFilter;
 
 use crate::cli::{LogFormat, RunArgs};
-use crate::sandbox::{Limits, SandboxConfig};
+use crate::sandbox::{Compiler, Limits, SandboxConfig};
 use crate::{Host, HostConfig, LeaderElection, config, controller};
 
 /// Where a pod finds its own namespace.
@@ -45,8 +45,13 @@ pub fn host_config(args: RunArgs) -> HostConfig {
         },
         sandbox: SandboxConfig {
             memory_budget: args.sandbox_memory_mib.saturating_mul(1 << 20),
+            // Compile in a child of this very binary, if it can be found.
+            compiler: std::env::current_exe()
+                .map(Compiler::Subprocess)
+                .unwrap_or_default(),
             ..SandboxConfig::default()
         },
+        share_artifacts: !args.no_shared_artifacts,
         probe_addr: args.probe_addr,
         metrics_addr: args.metrics_addr,
         leader_election: args.leader_elect.then_some(LeaderElection {

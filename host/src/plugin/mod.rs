@@ -2,9 +2,10 @@
 //! sandbox and check the host may do what they need ([`load`], [`access`]), and follow the
 //! ConfigMaps, handing every good version to whoever runs controllers ([`registry`]), each
 //! recorded as a revision in the cluster ([`revision`]) and rolled out as its ConfigMap asks
-//! ([`rollout`]).
+//! ([`rollout`]). Compiled plugins are shared between the host's replicas ([`artifacts`]).
 
 pub mod access;
+pub mod artifacts;
 pub mod identity;
 pub mod load;
 pub mod notice;

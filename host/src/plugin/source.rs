@@ -275,19 +275,21 @@ pub fn read(cm: &ConfigMap, defaults: &Limits) -> Result<PluginSource, SourceErr
     })
 }
 
-fn inflate(gz: &[u8]) -> Result<Vec<u8>, String> {
+/// Inflates gzip, refusing anything larger than `max` bytes once inflated (a gzip bomb).
+pub(crate) fn inflate_at_most(gz: &[u8], max: u64) -> Result<Vec<u8>, String> {
     let mut out = Vec::new();
     GzDecoder::new(gz)
-        .take(MAX_MODULE_BYTES + 1)
+        .take(max + 1)
         .read_to_end(&mut out)
         .map_err(|e| format!("not valid gzip: {e}"))?;
-    if out.len() as u64 > MAX_MODULE_BYTES {
-        return Err(format!(
-            "inflates to more than {} MiB",
-            MAX_MODULE_BYTES >> 20
-        ));
+    if out.len() as u64 > max {
+        return Err(format!("inflates to more than {} MiB", max >> 20));
     }
     Ok(out)
+}
+
+fn inflate(gz: &[u8]) -> Result<Vec<u8>, String> {
+    inflate_at_most(gz, MAX_MODULE_BYTES)
 }
 
 #[cfg(test)]

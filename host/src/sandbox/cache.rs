@@ -9,6 +9,10 @@
 //! not check an artifact's integrity, so each one has a `.sha256` file beside it, and both are
 //! written to a temporary name first and renamed into place. Any cache problem is logged and
 //! falls back to compiling: the cache can make loading faster, never fail.
+//!
+//! Before compiling, the caller may hand in an artifact another replica compiled, checked
+//! against its MAC ([`Vouched`], see `shared.rs`); it is loaded and kept on disk like one
+//! compiled here.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
@@ -21,6 +25,8 @@ use sha2::{Digest, Sha256};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
+use super::compile::{self, Compiler};
+use super::shared::Vouched;
 use crate::text::hex;
 
 /// Components kept in memory; older ones are dropped first.
@@ -41,8 +47,52 @@ fn give_back_freed_memory() {
     }
 }
 
+/// Where a component came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Origin {
+    /// This process had it.
+    Memory,
+    /// The disk cache had it.
+    Disk,
+    /// Another replica compiled it.
+    Shared,
+    /// Compiled now.
+    Compiled,
+}
+
+impl Origin {
+    /// For logs.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Origin::Memory => "memory",
+            Origin::Disk => "disk cache",
+            Origin::Shared => "shared by another replica",
+            Origin::Compiled => "compiled",
+        }
+    }
+}
+
+/// A component, where it came from, and (when compiled here) its serialised bytes to share.
+pub(crate) struct Got {
+    pub(crate) component: Component,
+    pub(crate) origin: Origin,
+    pub(crate) serialized: Option<Vec<u8>>,
+}
+
+/// How this cache compiles what it does not have.
+pub(crate) struct Compiling {
+    pub(crate) compiler: Compiler,
+    /// The engine's pool size, which a child's engine must share.
+    pub(crate) max_instances: u32,
+    /// A child compiling longer is killed.
+    pub(crate) timeout: std::time::Duration,
+}
+
 /// Where compiled components come from.
 pub(crate) struct ArtifactCache {
+    /// [`engine_key`] of the engine.
+    engine: String,
+    compiling: Compiling,
     /// `<dir>/components/<engine>`, or `None` for memory only.
     dir: Option<PathBuf>,
     /// Bytes the disk cache may hold, over every engine's directory; the least recently used
@@ -58,34 +108,76 @@ struct MemoryCache {
 }
 
 impl ArtifactCache {
-    pub(crate) fn new(engine: &Engine, dir: Option<&Path>, max_disk_bytes: u64) -> Self {
+    pub(crate) fn new(
+        engine: &Engine,
+        dir: Option<&Path>,
+        max_disk_bytes: u64,
+        compiling: Compiling,
+    ) -> Self {
+        let key = engine_key(engine);
         Self {
-            dir: dir.map(|d| d.join("components").join(engine_key(engine))),
+            dir: dir.map(|d| d.join("components").join(&key)),
+            engine: key,
+            compiling,
             max_disk_bytes,
             memory: Mutex::default(),
         }
     }
 
-    /// The compiled component for `wasm`, whose SHA-256 in hex is `digest_hex`.
+    /// The engine's compatibility key, as artifacts are named by.
+    pub(crate) fn engine(&self) -> &str {
+        &self.engine
+    }
+
+    /// Whether the component for `digest_hex` is here, in memory or on disk, without loading it.
+    pub(crate) fn has(&self, digest_hex: &str) -> bool {
+        self.lock().map.contains_key(digest_hex)
+            || self
+                .paths(digest_hex)
+                .is_some_and(|(a, c)| a.exists() && c.exists())
+    }
+
+    /// The compiled component for `wasm`, whose SHA-256 in hex is `digest_hex`: from memory,
+    /// from disk, from `shared` (an artifact another replica compiled, its MAC checked), or
+    /// compiled now.
     pub(crate) fn get_or_compile(
         &self,
         engine: &Engine,
         digest_hex: &str,
         wasm: &[u8],
-    ) -> wasmtime::Result<Component> {
+        shared: Option<Vouched>,
+    ) -> wasmtime::Result<Got> {
         if let Some(component) = self.lock().map.get(digest_hex) {
-            return Ok(component.clone());
+            return Ok(Got {
+                component: component.clone(),
+                origin: Origin::Memory,
+                serialized: None,
+            });
         }
-        let component = match self.read_disk(engine, digest_hex) {
-            Some(component) => component,
-            None => {
-                let _one = COMPILING.lock().unwrap_or_else(PoisonError::into_inner);
-                let component = Component::new(engine, wasm)?;
-                self.write_disk(digest_hex, &component);
-                give_back_freed_memory();
-                component
-            }
+        let got = match self.read_disk(engine, digest_hex) {
+            Some(component) => Got {
+                component,
+                origin: Origin::Disk,
+                serialized: None,
+            },
+            None => match shared.and_then(|v| self.load_shared(engine, digest_hex, v)) {
+                Some(component) => Got {
+                    component,
+                    origin: Origin::Shared,
+                    serialized: None,
+                },
+                None => {
+                    let (component, serialized) = self.compile(engine, wasm)?;
+                    self.write_disk(digest_hex, &serialized);
+                    Got {
+                        component,
+                        origin: Origin::Compiled,
+                        serialized: Some(serialized),
+                    }
+                }
+            },
         };
+        let component = &got.component;
         let mut memory = self.lock();
         if memory
             .map
@@ -99,7 +191,60 @@ impl ArtifactCache {
                 }
             }
         }
-        Ok(component)
+        Ok(got)
+    }
+
+    /// Compiles `wasm`, here or in a child; the component and its serialised form.
+    fn compile(&self, engine: &Engine, wasm: &[u8]) -> wasmtime::Result<(Component, Vec<u8>)> {
+        let _one = COMPILING.lock().unwrap_or_else(PoisonError::into_inner);
+        let c = &self.compiling;
+        match &c.compiler {
+            Compiler::InProcess => {
+                let component = Component::new(engine, wasm)?;
+                let serialized = component.serialize()?;
+                give_back_freed_memory();
+                Ok((component, serialized))
+            }
+            Compiler::Subprocess(program) => {
+                let bytes = compile::in_child(program, c.max_instances, wasm, c.timeout)
+                    .map_err(wasmtime::Error::msg)?;
+                #[allow(unsafe_code)]
+                // SAFETY: wasmtime requires the bytes to come from `Component::serialize` (or
+                // `Engine::precompile_component`) of a compatible engine. They come from this
+                // same program run as `compile-plugin`, which builds its engine with the same
+                // settings as ours and writes what `precompile_component` produced; wasmtime
+                // still rejects another version or configuration.
+                let component = unsafe { Component::deserialize(engine, &bytes)? };
+                Ok((component, bytes))
+            }
+        }
+    }
+
+    /// Loads an artifact another replica compiled, and keeps it on disk.
+    fn load_shared(
+        &self,
+        engine: &Engine,
+        digest_hex: &str,
+        vouched: Vouched,
+    ) -> Option<Component> {
+        #[allow(unsafe_code)]
+        // SAFETY: wasmtime requires the bytes to come from `Component::serialize` of a
+        // compatible engine. A `Vouched` exists only once `SealKey::open` has checked the MAC,
+        // over this engine's compatibility key, this module's digest and these bytes, under a
+        // key only the host's replicas can read; so a replica's `serialize` produced them for
+        // this engine and module. wasmtime itself still rejects another version or
+        // configuration.
+        let component = unsafe { Component::deserialize(engine, vouched.bytes()) };
+        match component {
+            Ok(component) => {
+                self.write_disk(digest_hex, vouched.bytes());
+                Some(component)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "shared artifact refused; compiling");
+                None
+            }
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, MemoryCache> {
@@ -144,19 +289,16 @@ impl ArtifactCache {
         }
     }
 
-    fn write_disk(&self, digest_hex: &str, component: &Component) {
+    fn write_disk(&self, digest_hex: &str, bytes: &[u8]) {
         let Some((artifact, checksum)) = self.paths(digest_hex) else {
             return;
         };
-        let result = component
-            .serialize()
-            .map_err(|e| std::io::Error::other(e.to_string()))
-            .and_then(|bytes| {
-                let dir = artifact.parent().unwrap_or(Path::new("."));
-                std::fs::create_dir_all(dir)?;
-                write_atomic(&artifact, &bytes)?;
-                write_atomic(&checksum, hex(&Sha256::digest(&bytes)).as_bytes())
-            });
+        let result = (|| {
+            let dir = artifact.parent().unwrap_or(Path::new("."));
+            std::fs::create_dir_all(dir)?;
+            write_atomic(&artifact, bytes)?;
+            write_atomic(&checksum, hex(&Sha256::digest(bytes)).as_bytes())
+        })();
         if let Err(e) = result {
             tracing::warn!(path = %artifact.display(), error = %e, "cannot write the artifact cache");
         }

@@ -5,8 +5,9 @@
 //! turns module bytes into a [`Plugin`]:
 //!
 //! 1. digest the bytes (`sha256:<hex>`);
-//! 2. compile them, or take the compiled component from the cache (`cache.rs`), on a blocking
-//!    thread;
+//! 2. compile them, or take the compiled component from the cache (`cache.rs`) or from
+//!    another replica through an [`ArtifactStore`] (`shared.rs`, checked against its MAC), on a
+//!    blocking thread;
 //! 3. link them against the `wasmop:plugin@0.2.0` world (`bindings.rs`) and pre-instantiate;
 //! 4. probe: instantiate once and call `manifest`, so a wrong interface fails at load, not on
 //!    the first reconcile;
@@ -29,6 +30,7 @@
 
 mod bindings;
 mod cache;
+mod compile;
 mod engine;
 mod error;
 mod invoke;
@@ -36,6 +38,7 @@ mod limits;
 mod manifest;
 mod output;
 mod plugin;
+mod shared;
 mod wasi;
 
 use std::path::{Path, PathBuf};
@@ -47,13 +50,15 @@ use tokio::sync::Semaphore;
 use wasmtime::Engine;
 use wasmtime::component::{HasSelf, Linker};
 
+pub use compile::{COMPILE_COMMAND, Compiler, serve as serve_compile};
 pub use error::{Call, PluginError, PluginErrorKind, SandboxError, UNKNOWN_PLUGIN};
 pub use limits::{Limits, MEMORY_CEILING, MemoryBudget};
 pub use plugin::Plugin;
+pub use shared::{ArtifactName, ArtifactStore, SealKey, Sealed, ShortKey, Vouched};
 
 use crate::text::hex;
 use bindings::{Plugin as Bindings, PluginPre};
-use cache::ArtifactCache;
+use cache::{ArtifactCache, Compiling, Origin};
 use invoke::{CallState, Invocation, error_chain};
 use limits::Shared;
 
@@ -75,6 +80,10 @@ pub struct SandboxConfig {
     /// How long one compile may take before the load fails. Default
     /// [`crate::config::COMPILE_TIMEOUT`].
     pub compile_timeout: Duration,
+    /// Where modules are compiled: in this process (the default), or in a child process of
+    /// this program (`wasmop run`), which takes the compiler's memory with it when it exits
+    /// and is killed at the timeout.
+    pub compiler: Compiler,
 }
 
 impl Default for SandboxConfig {
@@ -85,6 +94,7 @@ impl Default for SandboxConfig {
             cache_max_bytes: crate::config::COMPILE_CACHE_MIB << 20,
             memory_budget: crate::config::SANDBOX_MEMORY_MIB << 20,
             compile_timeout: crate::config::COMPILE_TIMEOUT,
+            compiler: Compiler::InProcess,
         }
     }
 }
@@ -122,6 +132,8 @@ struct Inner {
     // Loads (compile and probe) in progress; a timed-out one keeps its permit until it ends.
     compiles: Arc<Semaphore>,
     compile_timeout: Duration,
+    // Where replicas share compiled artifacts, once [`Sandbox::share`] set it.
+    store: std::sync::OnceLock<Arc<dyn ArtifactStore>>,
 }
 
 impl std::fmt::Debug for Sandbox {
@@ -141,7 +153,17 @@ impl Sandbox {
         wasi::add_to_linker(&mut linker).map_err(|e| SandboxError::Linker(e.into()))?;
         Bindings::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |state| state)
             .map_err(|e| SandboxError::Linker(e.into()))?;
-        let cache = ArtifactCache::new(&engine, cfg.cache_dir.as_deref(), cfg.cache_max_bytes);
+        let compiling = Compiling {
+            compiler: cfg.compiler.clone(),
+            max_instances: cfg.max_instances,
+            timeout: cfg.compile_timeout,
+        };
+        let cache = ArtifactCache::new(
+            &engine,
+            cfg.cache_dir.as_deref(),
+            cfg.cache_max_bytes,
+            compiling,
+        );
         let shared = Arc::new(Shared {
             slots: Arc::new(Semaphore::new(cfg.max_instances.max(1) as usize)),
             budget: Arc::new(MemoryBudget::new(cfg.memory_budget)),
@@ -154,6 +176,7 @@ impl Sandbox {
                 shared,
                 compiles: Arc::new(Semaphore::new(crate::config::COMPILE_SLOTS)),
                 compile_timeout: cfg.compile_timeout,
+                store: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -161,6 +184,54 @@ impl Sandbox {
     /// The memory budget all calls draw from.
     pub fn memory_budget(&self) -> &MemoryBudget {
         &self.inner.shared.budget
+    }
+
+    /// Shares compiled artifacts with the host's other replicas through `store`: a module
+    /// compiled nowhere here is first looked for there, and one compiled here is published.
+    /// Set once; later calls change nothing.
+    pub fn share(&self, store: Arc<dyn ArtifactStore>) {
+        let _ = self.inner.store.set(store);
+    }
+
+    /// An artifact another replica compiled for this module, its MAC checked; `None` when
+    /// there is none, sharing is off, or this host has the module already.
+    async fn shared_artifact(&self, digest_hex: &str) -> Option<Vouched> {
+        let store = self.inner.store.get()?;
+        if self.inner.cache.has(digest_hex) {
+            return None;
+        }
+        let key = store.key().await?;
+        let name = self.artifact_name(digest_hex);
+        let fetch = tokio::time::timeout(crate::config::ARTIFACT_FETCH_TIMEOUT, store.fetch(&name));
+        let sealed = fetch.await.ok().flatten()?;
+        match key.open(&name, sealed) {
+            Some(vouched) => Some(vouched),
+            None => {
+                tracing::warn!(digest = %name.digest, "a shared compiled artifact fails its MAC; compiling instead");
+                None
+            }
+        }
+    }
+
+    fn artifact_name(&self, digest_hex: &str) -> ArtifactName {
+        ArtifactName {
+            engine: self.inner.cache.engine().to_owned(),
+            digest: digest_hex.to_owned(),
+        }
+    }
+
+    /// Publishes what this host compiled, when sharing is on.
+    fn publish(&self, digest_hex: &str, serialized: Vec<u8>) {
+        let Some(store) = self.inner.store.get().cloned() else {
+            return;
+        };
+        let name = self.artifact_name(digest_hex);
+        tokio::spawn(async move {
+            if let Some(key) = store.key().await {
+                let sealed = key.seal(&name, serialized);
+                store.publish(name, sealed).await;
+            }
+        });
     }
 
     /// Loads a plugin without blocking the async runtime: compilation and the probe run on a
@@ -179,14 +250,30 @@ impl Sandbox {
             .await
             .map_err(|e| fail(PluginErrorKind::Internal(format!("compile slots: {e}"))))?;
         let limit = self.inner.compile_timeout;
+        let started = std::time::Instant::now();
+        let digest_hex = digest["sha256:".len()..].to_owned();
+        let shared = self.shared_artifact(&digest_hex).await;
         let load = tokio::task::spawn_blocking(move || {
             let _permit = permit;
             tracing::dispatcher::with_default(&dispatch, || {
-                span.in_scope(|| this.load_blocking(&wasm, limits))
+                span.in_scope(|| this.load_from(&wasm, limits, shared))
             })
         });
         match tokio::time::timeout(limit, load).await {
-            Ok(Ok(loaded)) => loaded,
+            Ok(Ok(Ok((plugin, origin, serialized)))) => {
+                tracing::info!(
+                    plugin = %plugin.manifest().name,
+                    digest = %plugin.digest(),
+                    component = origin.as_str(),
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "plugin module ready"
+                );
+                if let Some(bytes) = serialized {
+                    self.publish(&digest_hex, bytes);
+                }
+                Ok(plugin)
+            }
+            Ok(Ok(Err(e))) => Err(e),
             Ok(Err(e)) => Err(fail(PluginErrorKind::Internal(format!(
                 "plugin load thread: {e}"
             )))),
@@ -196,8 +283,21 @@ impl Sandbox {
         }
     }
 
-    /// [`Sandbox::load`] on the calling thread (compiling may take 100 ms).
+    /// [`Sandbox::load`] on the calling thread (compiling may take 100 ms), without shared
+    /// artifacts.
     pub fn load_blocking(&self, wasm: &[u8], limits: Limits) -> Result<Plugin, PluginError> {
+        self.load_from(wasm, limits, None)
+            .map(|(plugin, _, _)| plugin)
+    }
+
+    /// Loads, taking the component from `shared` if the caches lack it; says where it came
+    /// from, and gives the serialised component when it was compiled here.
+    fn load_from(
+        &self,
+        wasm: &[u8],
+        limits: Limits,
+        shared: Option<Vouched>,
+    ) -> Result<(Plugin, Origin, Option<Vec<u8>>), PluginError> {
         let limits = limits.clamped();
         let digest = digest_of(wasm);
         let digest_hex = &digest["sha256:".len()..];
@@ -213,11 +313,12 @@ impl Sandbox {
         if let Some(detail) = detail {
             return Err(fail(PluginErrorKind::NotAComponent(detail.into())));
         }
-        let component = self
+        let got = self
             .inner
             .cache
-            .get_or_compile(&self.inner.engine, digest_hex, wasm)
+            .get_or_compile(&self.inner.engine, digest_hex, wasm, shared)
             .map_err(|e| fail(PluginErrorKind::NotAComponent(error_chain(&e))))?;
+        let component = got.component;
         let instance_pre = self
             .inner
             .linker
@@ -262,7 +363,7 @@ impl Sandbox {
             size = wasm.len(),
             "plugin loaded"
         );
-        Ok(Plugin::new(
+        let plugin = Plugin::new(
             digest,
             manifest,
             wasm.len(),
@@ -270,7 +371,8 @@ impl Sandbox {
             self.inner.engine.clone(),
             pre,
             Arc::clone(&self.inner.shared),
-        ))
+        );
+        Ok((plugin, got.origin, got.serialized))
     }
 }
 

@@ -1,0 +1,120 @@
+//! Compiled plugins shared between replicas through the cluster: a second host with an empty
+//! disk cache takes the first one's artifact instead of compiling, and an artifact planted by
+//! someone who can write ConfigMaps but not read the key is never loaded.
+
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{DeleteParams, ListParams, PostParams};
+
+use crate::common::*;
+
+/// A host with a disk cache of its own, empty: a new pod's.
+fn fresh_pod(env: &Env, pod: &str) -> Host {
+    let cache = test_artifacts::workspace_root()
+        .join("target/e2e-cache")
+        .join(format!("{}-{pod}-{}", env.name(), std::process::id()));
+    let _ = std::fs::remove_dir_all(&cache);
+    std::fs::create_dir_all(&cache).unwrap();
+    Host::start_with_env(
+        &env.kubeconfig,
+        env.name(),
+        &[
+            ("POD_NAME", pod),
+            ("XDG_CACHE_HOME", cache.to_str().unwrap()),
+        ],
+    )
+}
+
+async fn wait_log(host: &Host, line: &str) {
+    testenv::wait_until(
+        &format!("the host to log {line:?}"),
+        TIMEOUT,
+        || async { Ok::<_, std::convert::Infallible>(host.logs()) },
+        |logs| logs.contains(line),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nhost log:\n{}", host.logs()));
+}
+
+async fn artifacts(env: &Env) -> Vec<ConfigMap> {
+    let api: kube::Api<ConfigMap> = env.ns.api();
+    api.list(&ListParams::default().labels("wasmop.io/artifact"))
+        .await
+        .expect("list artifacts")
+        .items
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_replica_loads_what_another_compiled_and_never_a_planted_artifact() {
+    let env = Env::new("e2e-artifacts").await;
+    let wasm = test_artifacts::read(test_artifacts::MEMCACHED);
+    env.put_plugin("memcached", &wasm, None).await;
+
+    // The first pod compiles, makes the key, and publishes the artifact, owned by the revision.
+    let first = fresh_pod(&env, "first");
+    wait_log(&first, "shared the compiled plugin with other replicas").await;
+    assert!(first.logs().contains("\"compiled\""), "{}", first.logs());
+    let secrets: kube::Api<Secret> = env.ns.api();
+    let key = secrets
+        .get("wasmop-artifact-key")
+        .await
+        .expect("the key Secret");
+    assert_eq!(key.immutable, Some(true));
+    assert_eq!(key.data.unwrap()["key"].0.len(), 32);
+    let stored = artifacts(&env).await;
+    assert_eq!(stored.len(), 1, "one artifact");
+    let artifact = stored.into_iter().next().unwrap();
+    let owners = artifact.metadata.owner_references.clone().unwrap();
+    assert_eq!(owners[0].kind, "ControllerRevision");
+    assert!(owners[0].name.starts_with("memcached-"), "{owners:?}");
+    first.kill();
+
+    // A new pod with an empty disk cache loads it instead of compiling, and reconciles.
+    let second = fresh_pod(&env, "second");
+    wait_log(&second, "\"shared by another replica\"").await;
+    env.put_memcached("cache", 1).await;
+    env.wait_nodes("cache", 1).await;
+    second.kill();
+
+    // Someone who may write ConfigMaps in the host's namespace, not read the key, replaces the
+    // artifact with their own code under a MAC they made up. A new pod refuses it, compiles,
+    // and keeps reconciling.
+    let api: kube::Api<ConfigMap> = env.ns.api();
+    let name = artifact.metadata.name.clone().unwrap();
+    api.delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete the artifact");
+    let mut planted = artifact.clone();
+    planted.metadata = kube::api::ObjectMeta {
+        name: Some(name.clone()),
+        labels: artifact.metadata.labels.clone(),
+        annotations: artifact.metadata.annotations.clone(),
+        ..Default::default()
+    };
+    planted
+        .metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert("wasmop.io/artifact-mac".into(), "00".repeat(32));
+    testenv::wait_until(
+        "the old artifact to be gone",
+        TIMEOUT,
+        || async { api.get_opt(&name).await },
+        Option::is_none,
+    )
+    .await
+    .unwrap();
+    api.create(&PostParams::default(), &planted)
+        .await
+        .expect("plant an artifact");
+    let third = fresh_pod(&env, "third");
+    wait_log(&third, "fails its MAC; compiling instead").await;
+    wait_log(&third, "\"compiled\"").await;
+    env.put_memcached("cache", 2).await;
+    env.wait_nodes("cache", 2).await;
+    assert!(
+        !third.logs().contains("shared by another replica"),
+        "{}",
+        third.logs()
+    );
+}
