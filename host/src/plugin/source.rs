@@ -46,7 +46,8 @@ pub struct PluginSource {
     pub configmap: String,
     /// The `binaryData` key the module came from.
     pub key: String,
-    /// The module, decompressed.
+    /// The module, decompressed; empty once the registry has loaded it (it keeps the
+    /// smaller stored form in [`Self::parts`] and inflates it again with [`Parts::wasm`]).
     pub wasm: Vec<u8>,
     /// `sha256:<hex>` of [`Self::wasm`].
     pub digest: String,
@@ -78,6 +79,18 @@ pub struct Parts {
 }
 
 impl Parts {
+    /// The module, inflated if it is stored gzipped.
+    pub fn wasm(&self) -> Result<Vec<u8>, SourceError> {
+        if self.key.ends_with(".gz") {
+            inflate(&self.module).map_err(|reason| SourceError::Gzip {
+                key: self.key.clone(),
+                reason,
+            })
+        } else {
+            Ok(self.module.clone())
+        }
+    }
+
     /// A short hash of the parts, naming the revision that holds them.
     pub fn hash(&self) -> String {
         let mut h = Sha256::new();
@@ -207,14 +220,6 @@ pub fn read(cm: &ConfigMap, defaults: &Limits) -> Result<PluginSource, SourceErr
         }
     };
     let raw = &binary[&key].0;
-    let wasm = if key.ends_with(".gz") {
-        inflate(raw).map_err(|reason| SourceError::Gzip {
-            key: key.clone(),
-            reason,
-        })?
-    } else {
-        raw.clone()
-    };
 
     let settings_text = cm.data.as_ref().and_then(|d| d.get(SETTINGS_KEY)).cloned();
     let settings = match &settings_text {
@@ -261,6 +266,7 @@ pub fn read(cm: &ConfigMap, defaults: &Limits) -> Result<PluginSource, SourceErr
             .filter_map(|a| Some((a.to_string(), annotations.get(*a)?.clone())))
             .collect(),
     };
+    let wasm = parts.wasm()?;
 
     Ok(PluginSource {
         configmap,

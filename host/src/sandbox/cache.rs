@@ -36,10 +36,11 @@ const MEMORY_ENTRIES: usize = 32;
 /// one over every core, so ten plugins loading at once would only multiply the peak.
 static COMPILING: Mutex<()> = Mutex::new(());
 
-/// Returns what a compile freed to the system: glibc keeps it otherwise, and the host's RSS
-/// would stay at the compile's peak for good.
+/// Returns what a load freed to the system (a compile's working memory, the module's and the
+/// artifact's buffers): glibc keeps it otherwise, fragmented over its arenas, and the host's
+/// RSS would stay at the peak for good.
 #[allow(unsafe_code)]
-fn give_back_freed_memory() {
+pub(crate) fn give_back_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only releases free heap pages; it has no preconditions.
     unsafe {
@@ -167,8 +168,8 @@ impl ArtifactCache {
                     serialized: None,
                 },
                 None => {
-                    let (component, serialized) = self.compile(engine, wasm)?;
-                    self.write_disk(digest_hex, &serialized);
+                    let serialized = self.compile(engine, wasm)?;
+                    let component = self.load_bytes(engine, digest_hex, &serialized)?;
                     Got {
                         component,
                         origin: Origin::Compiled,
@@ -194,54 +195,62 @@ impl ArtifactCache {
         Ok(got)
     }
 
-    /// Compiles `wasm`, here or in a child; the component and its serialised form.
-    fn compile(&self, engine: &Engine, wasm: &[u8]) -> wasmtime::Result<(Component, Vec<u8>)> {
+    /// Compiles `wasm`, here or in a child, into what `Component::serialize` gives.
+    fn compile(&self, engine: &Engine, wasm: &[u8]) -> wasmtime::Result<Vec<u8>> {
         let _one = COMPILING.lock().unwrap_or_else(PoisonError::into_inner);
         let c = &self.compiling;
         match &c.compiler {
-            Compiler::InProcess => {
-                let component = Component::new(engine, wasm)?;
-                let serialized = component.serialize()?;
-                give_back_freed_memory();
-                Ok((component, serialized))
-            }
+            Compiler::InProcess => engine.precompile_component(wasm),
             Compiler::Subprocess(program) => {
-                let bytes = compile::in_child(program, c.max_instances, wasm, c.timeout)
-                    .map_err(wasmtime::Error::msg)?;
-                #[allow(unsafe_code)]
-                // SAFETY: wasmtime requires the bytes to come from `Component::serialize` (or
-                // `Engine::precompile_component`) of a compatible engine. They come from this
-                // same program run as `compile-plugin`, which builds its engine with the same
-                // settings as ours and writes what `precompile_component` produced; wasmtime
-                // still rejects another version or configuration.
-                let component = unsafe { Component::deserialize(engine, &bytes)? };
-                Ok((component, bytes))
+                compile::in_child(program, c.max_instances, wasm, c.timeout)
+                    .map_err(wasmtime::Error::msg)
             }
         }
     }
 
-    /// Loads an artifact another replica compiled, and keeps it on disk.
+    /// Loads an artifact this host or a replica produced: kept on disk and mapped from there
+    /// when there is a disk cache (its code is then paged in as it runs, and shared with the
+    /// page cache), else copied into memory.
+    fn load_bytes(
+        &self,
+        engine: &Engine,
+        digest_hex: &str,
+        bytes: &[u8],
+    ) -> wasmtime::Result<Component> {
+        if let Some(path) = self.write_disk(digest_hex, bytes) {
+            match map_file(engine, &path) {
+                Ok(component) => return Ok(component),
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "mapping the artifact written just now failed; loading it from memory");
+                }
+            }
+        }
+        #[allow(unsafe_code)]
+        // SAFETY: wasmtime requires the bytes to come from `Component::serialize` (or
+        // `Engine::precompile_component`) of a compatible engine. Either this program produced
+        // them (in this process, or in a child running `compile-plugin`, which builds its
+        // engine with the same settings), or a replica did and the caller checked their MAC
+        // (`Vouched`). wasmtime itself still rejects another version or configuration.
+        unsafe {
+            Component::deserialize(engine, bytes)
+        }
+    }
+
+    /// Loads an artifact another replica compiled.
     fn load_shared(
         &self,
         engine: &Engine,
         digest_hex: &str,
         vouched: Vouched,
     ) -> Option<Component> {
-        #[allow(unsafe_code)]
-        // SAFETY: wasmtime requires the bytes to come from `Component::serialize` of a
-        // compatible engine. A `Vouched` exists only once `SealKey::open` has checked the MAC,
-        // over this engine's compatibility key, this module's digest and these bytes, under a
-        // key only the host's replicas can read; so a replica's `serialize` produced them for
-        // this engine and module. wasmtime itself still rejects another version or
-        // configuration.
-        let component = unsafe { Component::deserialize(engine, vouched.bytes()) };
-        match component {
-            Ok(component) => {
-                self.write_disk(digest_hex, vouched.bytes());
-                Some(component)
-            }
+        match self.load_bytes(engine, digest_hex, vouched.bytes()) {
+            Ok(component) => Some(component),
             Err(e) => {
                 tracing::warn!(error = %e, "shared artifact refused; compiling");
+                if let Some((artifact, checksum)) = self.paths(digest_hex) {
+                    let _ = std::fs::remove_file(artifact);
+                    let _ = std::fs::remove_file(checksum);
+                }
                 None
             }
         }
@@ -262,25 +271,18 @@ impl ArtifactCache {
     fn read_disk(&self, engine: &Engine, digest_hex: &str) -> Option<Component> {
         let (artifact, checksum) = self.paths(digest_hex)?;
         let expected = std::fs::read_to_string(&checksum).ok()?;
-        // Verify and deserialize the same bytes, so the file can't change in between.
         let bytes = std::fs::read(&artifact).ok()?;
         if hex(&Sha256::digest(&bytes)) != expected.trim() {
             tracing::warn!(path = %artifact.display(), "cached artifact fails its checksum; recompiling");
             return None;
         }
+        drop(bytes);
         // Recently used, for eviction.
         let _ = std::fs::File::options()
             .write(true)
             .open(&artifact)
             .and_then(|f| f.set_modified(std::time::SystemTime::now()));
-        #[allow(unsafe_code)]
-        // SAFETY: wasmtime requires the bytes to come from `Component::serialize` of a
-        // compatible engine. This cache wrote them (under a directory keyed by the engine's
-        // compatibility hash) and they match the checksum written with them, so they are what
-        // `serialize` produced; wasmtime itself still rejects artifacts of another version or
-        // configuration.
-        let component = unsafe { Component::deserialize(engine, &bytes) };
-        match component {
+        match map_file(engine, &artifact) {
             Ok(component) => Some(component),
             Err(e) => {
                 tracing::warn!(path = %artifact.display(), error = %e, "cached artifact refused; recompiling");
@@ -289,17 +291,16 @@ impl ArtifactCache {
         }
     }
 
-    fn write_disk(&self, digest_hex: &str, bytes: &[u8]) {
-        let Some((artifact, checksum)) = self.paths(digest_hex) else {
-            return;
-        };
+    /// Writes an artifact and its checksum; where, if it could.
+    fn write_disk(&self, digest_hex: &str, bytes: &[u8]) -> Option<PathBuf> {
+        let (artifact, checksum) = self.paths(digest_hex)?;
         let result = (|| {
             let dir = artifact.parent().unwrap_or(Path::new("."));
             std::fs::create_dir_all(dir)?;
             write_atomic(&artifact, bytes)?;
             write_atomic(&checksum, hex(&Sha256::digest(bytes)).as_bytes())
         })();
-        if let Err(e) = result {
+        if let Err(e) = &result {
             tracing::warn!(path = %artifact.display(), error = %e, "cannot write the artifact cache");
         }
         // `<dir>/components`: older engines' artifacts count too.
@@ -313,6 +314,23 @@ impl ArtifactCache {
                 );
             }
         }
+        result.ok().map(|()| artifact)
+    }
+}
+
+/// Maps a cached artifact: its pages are read in as they are used, and the page cache shares
+/// them.
+fn map_file(engine: &Engine, path: &Path) -> wasmtime::Result<Component> {
+    #[allow(unsafe_code)]
+    // SAFETY: wasmtime requires the file to hold what `Component::serialize` of a compatible
+    // engine produced, unchanged while it is mapped. This cache writes each artifact whole to a
+    // temporary name and renames it into place, in a directory keyed by the engine's
+    // compatibility hash, only after it was compiled by this program or its MAC checked; files
+    // are replaced and deleted, never written in place, so a mapped file never changes. The
+    // directory is the host's own (the pod's `emptyDir`): whoever can write into it can already
+    // run code in the pod. wasmtime itself still rejects another version or configuration.
+    unsafe {
+        Component::deserialize_file(engine, path)
     }
 }
 

@@ -130,6 +130,7 @@ pub struct Canary {
 }
 
 struct Slot {
+    // Its metadata only, for Events: the module and settings are in `latest`.
     configmap: ConfigMap,
     // The newest source seen.
     latest: Option<PluginSource>,
@@ -319,9 +320,11 @@ impl Registry {
         }
     }
 
-    fn on_apply(&mut self, cm: ConfigMap) {
+    fn on_apply(&mut self, mut cm: ConfigMap) {
         let name = cm.metadata.name.clone().unwrap_or_default();
         let source = source::read(&cm, &self.defaults);
+        cm.binary_data = None;
+        cm.data = None;
         let slot = self.slots.entry(name.clone()).or_insert_with(|| Slot {
             configmap: cm.clone(),
             latest: None,
@@ -373,7 +376,16 @@ impl Registry {
         match msg {
             Msg::Retry { configmap, seq } => {
                 let current = self.slots.get(&configmap).filter(|s| s.seq == seq);
-                if let Some(source) = current.and_then(|s| s.latest.clone()) {
+                if let Some(mut source) = current.and_then(|s| s.latest.clone()) {
+                    if source.wasm.is_empty() {
+                        // Released after a load; the stored form inflates again (it did before).
+                        match source.parts.wasm() {
+                            Ok(wasm) => source.wasm = wasm,
+                            Err(e) => {
+                                return self.fail(&configmap, Notice::LoadFailed, e.to_string());
+                            }
+                        }
+                    }
                     self.start_load(configmap, source, seq);
                 }
             }
@@ -389,7 +401,17 @@ impl Registry {
                     return; // superseded by a newer source, if only its settings
                 }
                 match *result {
-                    Ok((loaded, kinds)) => self.activate(&configmap, loaded, kinds).await,
+                    Ok((loaded, kinds)) => {
+                        self.activate(&configmap, loaded, kinds).await;
+                        // The module is compiled: keep only its stored (often gzipped) form.
+                        if let Some(latest) = self
+                            .slots
+                            .get_mut(&configmap)
+                            .and_then(|s| s.latest.as_mut())
+                        {
+                            latest.wasm = Vec::new();
+                        }
+                    }
                     Err(e) => self.on_load_error(&configmap, e),
                 }
             }
