@@ -83,35 +83,66 @@ pub fn build(kinds: &[Kind]) -> Result<Artifacts> {
     let wasm_out = wasm_target.join("wasm32-wasip2/release");
     let mut kind_plugins = Vec::new();
     if !kinds.is_empty() {
+        // One build for the first kind; the others are that module with its kind patched in
+        // (every bench kind's flag has the same length): distinct modules, distinct digests,
+        // each compiled on its own by the host, without a build each.
         note!("building the bench plugin for {} kinds", kinds.len());
-    }
-    for kind in kinds {
+        let template = Kind::bench(0).flag();
         run(Command::new(cargo())
             .current_dir(root())
             .args(["build", "-q", "--release", "--target", "wasm32-wasip2"])
             .arg("--target-dir")
             .arg(&wasm_target)
             .args(["-p", "bench-plugin"])
-            .env("BENCH_PLUGIN_KIND", kind.flag())
+            .env("BENCH_PLUGIN_KIND", &template)
             // The repository's .cargo/config.toml decides guest flags.
             .env_remove("RUSTFLAGS")
             .env_remove("CARGO_ENCODED_RUSTFLAGS"))?;
-        let dest = out
-            .join("plugins")
-            .join(format!("{}.wasm", kind.plugin_name()));
-        std::fs::copy(wasm_out.join("bench_plugin.wasm"), &dest)
-            .with_context(|| format!("copying the plugin for {}", kind.kind))?;
-        kind_plugins.push(dest);
+        let built = std::fs::read(wasm_out.join("bench_plugin.wasm"))?;
+        for kind in kinds {
+            let dest = out
+                .join("plugins")
+                .join(format!("{}.wasm", kind.plugin_name()));
+            std::fs::write(&dest, patch_kind(&built, &template, &kind.flag())?)
+                .with_context(|| format!("writing the plugin for {}", kind.kind))?;
+            kind_plugins.push(dest);
+        }
     }
 
     Ok(Artifacts {
         go,
         native: release.join("native-memcached"),
-        wasmop: release.join("wasmop"),
+        // Another build of the host, to compare with this one on the same machine.
+        wasmop: std::env::var_os("WASMOP_BENCH_HOST")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| release.join("wasmop")),
         memcached: test_artifacts::MEMCACHED.into(),
         memcached_v2: test_artifacts::MEMCACHED_V2.into(),
         kind_plugins,
     })
+}
+
+/// `module` with its one occurrence of `from` replaced by `to`, of the same length.
+fn patch_kind(module: &[u8], from: &str, to: &str) -> Result<Vec<u8>> {
+    let (from, to) = (from.as_bytes(), to.as_bytes());
+    if from.len() != to.len() {
+        bail!("a bench kind of another length: {to:?}");
+    }
+    let at: Vec<usize> = module
+        .windows(from.len())
+        .enumerate()
+        .filter(|(_, w)| *w == from)
+        .map(|(i, _)| i)
+        .collect();
+    let [at] = at[..] else {
+        bail!(
+            "the bench plugin holds its kind {} times, not once",
+            at.len()
+        );
+    };
+    let mut out = module.to_vec();
+    out[at..at + to.len()].copy_from_slice(to);
+    Ok(out)
 }
 
 fn run(cmd: &mut Command) -> Result<()> {
@@ -122,4 +153,21 @@ fn run(cmd: &mut Command) -> Result<()> {
         bail!("{cmd:?} failed ({status})");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kind_is_patched_once_or_not_at_all() {
+        let module = b"\0asm....bench.wasmop.io/v1alpha1/Memcached000....".to_vec();
+        let (a, b) = (Kind::bench(0).flag(), Kind::bench(42).flag());
+        let patched = patch_kind(&module, &a, &b).unwrap();
+        assert!(patched.windows(b.len()).any(|w| w == b.as_bytes()));
+        assert_eq!(patched.len(), module.len());
+        let twice = [&module[..], &module[..]].concat();
+        assert!(patch_kind(&twice, &a, &b).is_err());
+        assert!(patch_kind(&module, &a, "short").is_err());
+    }
 }

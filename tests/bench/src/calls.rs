@@ -54,6 +54,9 @@ pub fn measure(wasm: &Path, calls: u32) -> Result<Vec<CallCost>> {
         .collect()
 }
 
+/// The `-C opt-level` the repository builds plugins at (`.cargo/config.toml`).
+pub const SHIPPED: &str = "2";
+
 /// One build of the Memcached plugin at an optimisation level: its size and its cost per
 /// call through the sandbox.
 #[derive(Debug, Clone)]
@@ -74,7 +77,7 @@ pub fn opt_levels(shipped: &Path, levels: &[&str], calls: u32) -> Result<Vec<Opt
     let sandbox = sandbox()?;
     let mut out = Vec::new();
     for &level in levels {
-        let wasm = if level == "z" {
+        let wasm = if level == SHIPPED {
             shipped.to_path_buf()
         } else {
             build_at(level)?

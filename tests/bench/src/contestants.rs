@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use crate::artifacts::{Artifacts, bench_dir};
 use crate::kinds::Kind;
-use crate::process::Proc;
+use crate::process::{Proc, Usage};
 
 /// The namespace of the host's plugin ConfigMaps.
 pub const PLUGIN_NAMESPACE: &str = "wasmop-system";
@@ -74,6 +74,21 @@ pub struct Running {
     pub procs: Vec<Proc>,
     /// wasmop: from creating the plugin ConfigMaps until the host logged the last one loaded.
     pub plugin_load: Option<Duration>,
+    /// wasmop: where the host serves `/metrics`.
+    pub metrics: Option<String>,
+}
+
+/// A new host pod: an empty disk cache, the plugins and parents already in the cluster.
+#[derive(Debug, Clone, Copy)]
+pub struct NewPod {
+    /// Process start → every plugin loaded.
+    pub loaded: Duration,
+    /// Process start → its first reconcile done.
+    pub first_reconcile: Duration,
+    /// CPU used until every plugin was loaded, in seconds.
+    pub cpu_at_loaded: f64,
+    /// 5 s after loading.
+    pub settled: Usage,
 }
 
 /// Starts `who` for `kinds` (one process per kind, or one host with one plugin per kind) and
@@ -122,6 +137,7 @@ pub async fn start(
             Ok(Running {
                 procs,
                 plugin_load: None,
+                metrics: None,
             })
         }
         Contestant::Wasmop => {
@@ -134,7 +150,7 @@ pub async fn start(
             let cache = cache_dir(tag);
             let _ = std::fs::remove_dir_all(&cache);
             std::fs::create_dir_all(&cache)?;
-            let mut host = spawn_host(art, env, settings, tag, "wasmop").await?;
+            let (mut host, metrics) = spawn_host(art, env, settings, tag, "wasmop", &[]).await?;
             // Let it list the (empty) plugin namespace first, so the load below is a change.
             tokio::time::sleep(Duration::from_secs(1)).await;
             let names = plugin_names(kinds);
@@ -156,23 +172,119 @@ pub async fn start(
             Ok(Running {
                 procs: vec![host],
                 plugin_load: Some(plugin_load),
+                metrics: Some(metrics),
             })
         }
     }
 }
 
-/// Starts another host on the plugins already in the cluster, with the compile cache the
-/// first one filled, and waits until it has loaded them all.
-pub async fn restart_warm(
+/// Starts a new host, as a new pod: an empty disk cache, and (`shared`) the compiled plugins
+/// another replica shared, or (not `shared`) none; measures it until its first reconcile.
+pub async fn new_pod(
     art: &Artifacts,
     env: &TestEnv,
     kinds: &[Kind],
     settings: &Settings,
     tag: &str,
-) -> Result<Proc> {
-    let mut host = spawn_host(art, env, settings, tag, "wasmop-warm").await?;
+    shared: bool,
+) -> Result<(Proc, NewPod)> {
+    let name = if shared {
+        "new-pod-shared"
+    } else {
+        "new-pod-compiling"
+    };
+    let cache = cache_dir(&format!("{tag}-{name}"));
+    let _ = std::fs::remove_dir_all(&cache);
+    std::fs::create_dir_all(&cache)?;
+    let extra: &[&str] = if shared {
+        &[]
+    } else {
+        &["--no-shared-artifacts"]
+    };
+    let started = Instant::now();
+    let (mut host, metrics) = spawn_host_in(art, env, settings, &cache, name, tag, extra).await?;
     wait_loaded(&mut host, &plugin_names(kinds)).await?;
-    Ok(host)
+    let loaded = started.elapsed();
+    let cpu_at_loaded = host.usage()?.cpu_secs;
+    let first_reconcile = loop {
+        let text = metric_text(&metrics).await.unwrap_or_default();
+        if counter_sum(&text, "wasmop_reconcile_total{") >= 1.0 {
+            break started.elapsed();
+        }
+        host.check_alive()?;
+        if started.elapsed() > READY_TIMEOUT {
+            anyhow::bail!("{name}: no reconcile within {READY_TIMEOUT:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let settled = host.usage()?;
+    Ok((
+        host,
+        NewPod {
+            loaded,
+            first_reconcile,
+            cpu_at_loaded,
+            settled,
+        },
+    ))
+}
+
+/// Each shared cache of the host serving metrics at `addr`: `Kind.apiVersion (body)`,
+/// objects, bytes.
+pub async fn cache_stats(addr: &str) -> Result<Vec<(String, usize, f64)>> {
+    let text = metric_text(addr).await?;
+    let mut out = Vec::new();
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("wasmop_cache_objects{"))
+    {
+        let labels = &line[line.find('{').unwrap_or(0)..=line.find('}').unwrap_or(0)];
+        let value = |l: &str| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok());
+        let bytes = text
+            .lines()
+            .find(|l| l.starts_with(&format!("wasmop_cache_bytes{labels}")))
+            .and_then(value)
+            .unwrap_or(0.0);
+        let label = |key: &str| {
+            labels
+                .split(&format!("{key}=\""))
+                .nth(1)
+                .and_then(|r| r.split('"').next())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        out.push((
+            format!("{} ({})", label("kind"), label("body")),
+            value(line).unwrap_or(0.0) as usize,
+            bytes,
+        ));
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(out)
+}
+
+/// The sum of every series of counter `prefix` (`name{`) in a Prometheus text.
+fn counter_sum(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// `GET /metrics` from the host at `addr`, over plain HTTP/1.0.
+async fn metric_text(addr: &str) -> Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    Ok(response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default())
 }
 
 /// The single-kind run uses `memcached.wasm`; other runs the bench plugin per kind.
@@ -198,11 +310,24 @@ async fn spawn_host(
     settings: &Settings,
     tag: &str,
     log_name: &str,
-) -> Result<Proc> {
+    extra: &[&str],
+) -> Result<(Proc, String)> {
+    spawn_host_in(art, env, settings, &cache_dir(tag), log_name, tag, extra).await
+}
+
+async fn spawn_host_in(
+    art: &Artifacts,
+    env: &TestEnv,
+    settings: &Settings,
+    cache: &Path,
+    log_name: &str,
+    tag: &str,
+    extra: &[&str],
+) -> Result<(Proc, String)> {
     let port = free_port()?;
     let mut cmd = Command::new(&art.wasmop);
     cmd.env("KUBECONFIG", env.kubeconfig_path())
-        .env("XDG_CACHE_HOME", cache_dir(tag))
+        .env("XDG_CACHE_HOME", cache)
         .env("RUST_LOG", "info")
         .args(["run", "--namespace", PLUGIN_NAMESPACE])
         .args(["--concurrency", &settings.concurrency.to_string()])
@@ -211,14 +336,15 @@ async fn spawn_host(
             &settings.resync.as_secs().max(1).to_string(),
         ])
         .args(["--probe-addr", &format!("127.0.0.1:{port}")])
-        .args(["--metrics-addr", &format!("127.0.0.1:{port}")]);
+        .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+        .args(extra);
     let log = bench_dir()
         .join("logs")
         .join(format!("{tag}-{log_name}.log"));
     let mut host = Proc::spawn("wasmop host", cmd, log)?;
     host.wait_for_log("wasmop host starting", READY_TIMEOUT)
         .await?;
-    Ok(host)
+    Ok((host, format!("127.0.0.1:{port}")))
 }
 
 async fn wait_loaded(host: &mut Proc, names: &[String]) -> Result<()> {

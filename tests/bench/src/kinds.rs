@@ -1,5 +1,5 @@
 //! The parent kinds: `cache.example.com/v1alpha1 Memcached` for the single-operator runs, and
-//! `bench.wasmop.io/v1alpha1 Memcached0..9` for the many-operators run, each with a CRD made
+//! `bench.wasmop.io/v1alpha1 Memcached000..` for the many-operators runs, each with a CRD made
 //! from `deploy/crds/memcached.yaml`.
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -30,13 +30,16 @@ impl Kind {
         }
     }
 
-    /// `bench.wasmop.io/v1alpha1 Memcached<i>`.
+    /// `bench.wasmop.io/v1alpha1 Memcached<i>`, `i` in three digits (at most 1000 kinds), so
+    /// that every kind's flag has the same length (the bench plugin is built once and its kind
+    /// patched in: see `artifacts`).
     pub fn bench(i: usize) -> Kind {
+        assert!(i < 1000, "at most 1000 bench kinds");
         Kind {
             group: "bench.wasmop.io".into(),
             version: "v1alpha1".into(),
-            kind: format!("Memcached{i}"),
-            plural: format!("memcached{i}s"),
+            kind: format!("Memcached{i:03}"),
+            plural: format!("memcached{i:03}s"),
         }
     }
 
@@ -79,9 +82,10 @@ mod tests {
     #[test]
     fn bench_kinds_are_distinct_and_valid_names() {
         let k = Kind::bench(3);
-        assert_eq!(k.flag(), "bench.wasmop.io/v1alpha1/Memcached3");
-        assert_eq!(k.plugin_name(), "memcached3");
-        assert_eq!(k.plural, "memcached3s");
+        assert_eq!(k.flag(), "bench.wasmop.io/v1alpha1/Memcached003");
+        assert_eq!(k.plugin_name(), "memcached003");
+        assert_eq!(k.plural, "memcached003s");
+        assert_eq!(Kind::bench(999).flag().len(), k.flag().len());
         assert_eq!(Kind::memcached().api_resource().plural, "memcacheds");
     }
 }

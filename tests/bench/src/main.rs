@@ -38,7 +38,7 @@ use clap::Parser;
 
 use crate::contestants::{Contestant, Settings};
 use crate::kinds::Kind;
-use crate::report::{ManyRun, Report, SingleRun};
+use crate::report::{ManyRun, Report, ScaleRun, SingleRun};
 use crate::scenario::Plan;
 
 /// Command line.
@@ -76,6 +76,17 @@ struct Args {
     /// Skip the plugin-call timing.
     #[arg(long)]
     skip_calls: bool,
+    /// The scale curve: parents of size 1, a fresh plane per contestant per point
+    /// [default: 1000,5000,10000; none with --quick].
+    #[arg(long, value_delimiter = ',')]
+    scale: Option<Vec<usize>>,
+    /// The plugin curve: this many kinds with 10 parents each, K Go processes against one host
+    /// with K plugins [default: 10,20,50,100; none with --quick].
+    #[arg(long, value_delimiter = ',')]
+    plugins: Option<Vec<usize>>,
+    /// Go processes run in the plugin curve at most; beyond, the Go figure is left out.
+    #[arg(long, default_value_t = 100)]
+    max_go_processes: usize,
     /// Where to write the report [default: docs/benchmarks.md, or
     /// target/bench/benchmarks-quick.md with --quick].
     #[arg(long)]
@@ -138,12 +149,24 @@ async fn run(args: Args) -> Result<Report> {
         );
     let per_kind = args.per_kind.unwrap_or(if args.quick { 10 } else { 100 });
     let many_kinds: Vec<Kind> = (0..args.kinds).map(Kind::bench).collect();
+    let scale = args.scale.clone().unwrap_or(if args.quick {
+        Vec::new()
+    } else {
+        vec![1000, 5000, 10_000]
+    });
+    let plugin_counts = args.plugins.clone().unwrap_or(if args.quick {
+        Vec::new()
+    } else {
+        vec![10, 20, 50, 100]
+    });
+    let most_kinds = plugin_counts
+        .iter()
+        .copied()
+        .chain((!args.skip_many).then_some(args.kinds))
+        .max()
+        .unwrap_or(0);
     let art = tokio::task::spawn_blocking({
-        let kinds = if args.skip_many {
-            Vec::new()
-        } else {
-            many_kinds.clone()
-        };
+        let kinds: Vec<Kind> = (0..most_kinds).map(Kind::bench).collect();
         move || artifacts::build(&kinds)
     })
     .await??;
@@ -182,6 +205,8 @@ async fn run(args: Args) -> Result<Report> {
         per_kind: crs,
         steady,
         hot_swap: true,
+        size_one: false,
+        new_pods: true,
     };
     let mut single = Vec::new();
     for (i, (title, limit)) in limits.iter().enumerate() {
@@ -218,6 +243,8 @@ async fn run(args: Args) -> Result<Report> {
             per_kind,
             steady: steady.min(Duration::from_secs(15)),
             hot_swap: false,
+            size_one: false,
+            new_pods: true,
         };
         let settings = Settings {
             concurrency: args.concurrency,
@@ -248,6 +275,71 @@ async fn run(args: Args) -> Result<Report> {
         })
     };
 
+    let default_settings = Settings {
+        concurrency: args.concurrency,
+        resync: Duration::from_secs(10),
+        limits: None,
+    };
+    let mut scale_runs = Vec::new();
+    for &n in &scale {
+        let plan = Plan {
+            kinds: vec![Kind::memcached()],
+            per_kind: n,
+            steady: Duration::ZERO,
+            hot_swap: false,
+            size_one: true,
+            new_pods: false,
+        };
+        let mut results = Vec::new();
+        for c in Contestant::ALL {
+            let outcome = if selected.contains(&c) {
+                let tag = format!("scale{n}");
+                let r = scenario::run(c, &art, &plan, &default_settings, &tag).await;
+                if let Err(e) = &r {
+                    note!("[{tag}] {} failed: {e:#}", c.label());
+                }
+                Some(r.map_err(|e| format!("{e:#}")))
+            } else {
+                None
+            };
+            results.push((c, outcome));
+        }
+        scale_runs.push(ScaleRun {
+            parents: n,
+            results,
+        });
+    }
+    let mut plugin_runs = Vec::new();
+    for &k in &plugin_counts {
+        let plan = Plan {
+            kinds: (0..k).map(Kind::bench).collect(),
+            per_kind: 10,
+            steady: Duration::from_secs(15),
+            hot_swap: false,
+            size_one: false,
+            new_pods: false,
+        };
+        let run_one = async |c: Contestant| {
+            if !selected.contains(&c) || (c == Contestant::Go && k > args.max_go_processes) {
+                return None;
+            }
+            let tag = format!("plugins{k}");
+            let r = scenario::run(c, &art, &plan, &default_settings, &tag).await;
+            if let Err(e) = &r {
+                note!("[{tag}] {} failed: {e:#}", c.label());
+            }
+            Some(r.map_err(|e| format!("{e:#}")))
+        };
+        let go = run_one(Contestant::Go).await;
+        let wasmop = run_one(Contestant::Wasmop).await;
+        plugin_runs.push(ManyRun {
+            kinds: k,
+            per_kind: 10,
+            go,
+            wasmop,
+        });
+    }
+
     let command = std::iter::once("cargo run --release -p bench --".to_owned())
         .chain(std::env::args().skip(1))
         .collect::<Vec<_>>()
@@ -266,6 +358,8 @@ async fn run(args: Args) -> Result<Report> {
         ),
         single,
         many,
+        scale: scale_runs,
+        plugins: plugin_runs,
         calls,
         opt_levels,
         took_secs: started.elapsed().as_secs_f64(),

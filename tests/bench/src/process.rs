@@ -98,7 +98,8 @@ pub struct Usage {
     pub rss_mib: f64,
     /// Peak resident set size (VmHWM), in MiB.
     pub peak_mib: f64,
-    /// User plus system CPU time since start, in seconds.
+    /// User plus system CPU time since start, in seconds, its children's included (the host
+    /// compiles plugins in child processes).
     pub cpu_secs: f64,
 }
 
@@ -134,8 +135,9 @@ impl Usage {
     }
 }
 
-/// utime + stime (fields 14 and 15 of `/proc/<pid>/stat`) in seconds. The command name (field
-/// 2) may hold spaces, so fields are counted after its closing parenthesis.
+/// utime + stime + cutime + cstime (fields 14 to 17 of `/proc/<pid>/stat`: the process's own
+/// CPU and that of its children it waited for) in seconds. The command name (field 2) may hold
+/// spaces, so fields are counted after its closing parenthesis.
 fn cpu_seconds(stat: &str) -> Result<f64> {
     let after = stat
         .rsplit_once(')')
@@ -150,7 +152,7 @@ fn cpu_seconds(stat: &str) -> Result<f64> {
             .parse::<f64>()?)
     };
     let per_second = rustix::param::clock_ticks_per_second() as f64;
-    Ok((ticks(14)? + ticks(15)?) / per_second)
+    Ok((ticks(14)? + ticks(15)? + ticks(16)? + ticks(17)?) / per_second)
 }
 
 /// The last `lines` lines of a file.
@@ -166,9 +168,9 @@ mod tests {
 
     #[test]
     fn cpu_fields_follow_the_command_name() {
-        let stat = "42 (a b) S 1 42 42 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 3 0 1 2 3";
+        let stat = "42 (a b) S 1 42 42 0 -1 4194560 100 0 0 0 250 50 7 3 20 0 3 0 1 2 3";
         let hz = rustix::param::clock_ticks_per_second() as f64;
-        assert_eq!(cpu_seconds(stat).unwrap(), 300.0 / hz);
+        assert_eq!(cpu_seconds(stat).unwrap(), 310.0 / hz);
     }
 
     #[test]

@@ -27,6 +27,14 @@ pub struct ManyRun {
     pub wasmop: Option<Result<Outcome, String>>,
 }
 
+/// One point of the scale curve: parents of size 1.
+pub struct ScaleRun {
+    /// Parents.
+    pub parents: usize,
+    /// Per contestant, in [`Contestant::ALL`] order; `None` when not selected.
+    pub results: Vec<(Contestant, Option<Result<Outcome, String>>)>,
+}
+
 /// Everything the report shows.
 pub struct Report {
     /// The command line, as run.
@@ -41,6 +49,10 @@ pub struct Report {
     pub single: Vec<SingleRun>,
     /// The many-operators run.
     pub many: Option<ManyRun>,
+    /// The scale curve.
+    pub scale: Vec<ScaleRun>,
+    /// The plugin curve: K kinds of 10 parents each.
+    pub plugins: Vec<ManyRun>,
     /// The plugin-call timings.
     pub calls: Option<Result<Vec<CallCost>, String>>,
     /// The guest built at other optimisation levels (full runs only).
@@ -72,6 +84,12 @@ impl Report {
         if let Some(many) = &self.many {
             many_table(w, many);
         }
+        if !self.scale.is_empty() {
+            scale_table(w, &self.scale);
+        }
+        if !self.plugins.is_empty() {
+            plugins_table(w, &self.plugins);
+        }
         if let Some(calls) = &self.calls {
             calls_table(w, calls);
         }
@@ -91,8 +109,13 @@ impl Report {
             .any(|run| run.results.iter().any(|(_, r)| bad(r)))
             || self
                 .many
-                .as_ref()
-                .is_some_and(|m| bad(&m.go) || bad(&m.wasmop))
+                .iter()
+                .chain(&self.plugins)
+                .any(|m| bad(&m.go) || bad(&m.wasmop))
+            || self
+                .scale
+                .iter()
+                .any(|run| run.results.iter().any(|(_, r)| bad(r)))
             || matches!(self.calls, Some(Err(_)))
             || matches!(self.opt_levels, Some(Err(_)))
     }
@@ -107,10 +130,12 @@ const METHOD: &str = r#"
 - Clocks start at the first create. "Converged": every Deployment has `size` available
   replicas and every `status.nodes` lists `size` pods, seen through watches (the runner does
   not poll the apiserver).
-- Memory is VmRSS / VmHWM from `/proc/<pid>/status`, CPU is utime + stime from
-  `/proc/<pid>/stat`. Start-up CPU runs from the process start to the first create (for the
-  host it includes compiling the plugin with a cold cache). With several processes the
-  figures are summed (peaks too, though they need not coincide).
+- Memory is VmRSS / VmHWM from `/proc/<pid>/status`, CPU is utime + stime + cutime + cstime
+  from `/proc/<pid>/stat` (the host compiles plugins in child processes it waits for, so
+  their CPU counts as its own; their memory is theirs and is not in the host's RSS). Start-up
+  CPU runs from the process start to the first create (for the host it includes compiling the
+  plugin with a cold cache). With several processes the figures are summed (peaks too,
+  though they need not coincide).
 - Requests come from the apiserver's `apiserver_request_total`, read before the first create,
   5 s after convergence, and after the steady window. They count what only an operator does
   here: every verb on the parent resource but GET, on Deployments and Services (not their
@@ -132,11 +157,24 @@ const METHOD: &str = r#"
   and the native controller add `observedGeneration` and a `Ready` condition, so they write
   status more often while pods come up. The host also records the plugin's Events on the
   parents; the other two record none.
-- The host compiles its plugins with a cold compile cache, as a new pod would: that is most
-  of its start-up CPU and sets its early peak RSS. After the steady window the runner starts
-  a second host on the same plugins with the now warm cache and reports its RSS too.
-- The many-operators run compares K Go processes, one per CRD kind, with one host running K
-  builds of the same plugin (`tests/bench/plugin`, kind fixed at build time).
+- The first host compiles its plugins (in a child process, as `wasmop run` does) with an
+  empty compile cache: that is most of its start-up CPU. After the steady window the runner
+  stops it and starts two new pods in turn, each with an empty disk cache, as a failover or
+  a rollout would: the first with `--no-shared-artifacts`, so it compiles; the second takes
+  the compiled plugins the first host shared through the cluster (`wasmop-artifact-*`
+  ConfigMaps). For each: process start → every plugin loaded, → its first reconcile, its CPU
+  when loaded, and its RSS 5 s later. The second then serves the hot swap.
+- The many-operators runs compare K Go processes, one per CRD kind, with one host running K
+  plugins: `tests/bench/plugin` built once for `Memcached000`, the kind patched into a copy
+  per kind (every kind's name has the same length), so each is a module of its own with its
+  own digest, compiled by the host on its own.
+- The scale curve gives every parent `spec.size` 1, runs no steady window and no hot swap,
+  and reports RSS 5 s after convergence; its per-parent figure is that RSS less the RSS just
+  before the first create, over the parents. "The plane" is the RSS of etcd, the apiserver,
+  the controller-manager, the scheduler and kwok together at the same moment.
+- Cached bytes per object come from the host's `wasmop_cache_bytes` and
+  `wasmop_cache_objects`: each object's text and decoded metadata, not the indexes or the
+  allocator's overhead.
 "#;
 
 fn secs(d: std::time::Duration) -> f64 {
@@ -290,23 +328,27 @@ fn single_table(w: &mut String, run: &SingleRun) {
                 d.as_secs_f64() * 1000.0
             ));
         }
-        if let Some(u) = o.warm_restart {
-            let mut vs = vec![format!(
-                "{:.0} % of the first host's RSS",
-                100.0 * u.rss_mib / o.at_steady.rss_mib
-            )];
+        if let Some((cold, warm)) = o.new_pods {
+            let mut vs = Vec::new();
             for (i, name) in [(go, "Go"), (native, "kube-rs")] {
                 if let Some(Some(other)) = ok.get(i) {
                     vs.push(format!(
                         "{:.2}× {name}",
-                        u.rss_mib / other.at_steady.rss_mib
+                        warm.settled.rss_mib / other.at_steady.rss_mib
                     ));
                 }
             }
             extras.push(format!(
-                "a second host started on the same plugin with a warm compile cache used \
-                 {:.1} MiB ({})",
-                u.rss_mib,
+                "a new pod that compiles had the plugin loaded {} after it started and \
+                 reconciled first at {}; one that takes the shared artifact, at {} and {}, \
+                 with {:.2} s of CPU against {:.2} s, and {:.1} MiB 5 s later ({})",
+                ms(cold.loaded),
+                ms(cold.first_reconcile),
+                ms(warm.loaded),
+                ms(warm.first_reconcile),
+                warm.cpu_at_loaded,
+                cold.cpu_at_loaded,
+                warm.settled.rss_mib,
                 vs.join(", ")
             ));
         }
@@ -328,6 +370,7 @@ fn single_table(w: &mut String, run: &SingleRun) {
         if !extras.is_empty() {
             let _ = writeln!(w, "wasmop: {}.\n", extras.join("; "));
         }
+        caches(w, o);
     }
     let _ = writeln!(w, "Requests while converging, by verb and resource:\n");
     for ((c, _), o) in run.results.iter().zip(&ok) {
@@ -434,13 +477,18 @@ fn many_table(w: &mut String, many: &ManyRun) {
         }
     }
     let _ = writeln!(w);
-    if let (Some(u), Some(go)) = (wasm.as_ref().and_then(|o| o.warm_restart), go.as_ref()) {
+    if let (Some((cold, warm)), Some(go)) = (wasm.as_ref().and_then(|o| o.new_pods), go.as_ref()) {
         let _ = writeln!(
             w,
-            "wasmop: a second host started on the same {k} plugins with a warm compile cache used \
-             {:.1} MiB ({:.2}× the Go processes together).\n",
-            u.rss_mib,
-            u.rss_mib / go.at_steady.rss_mib
+            "wasmop: a new pod had the {k} plugins loaded {} after it started when it compiled \
+             them ({:.2} s of CPU), {} when it took the shared artifacts ({:.2} s of CPU), and \
+             then used {:.1} MiB ({:.2}× the Go processes together).\n",
+            ms(cold.loaded),
+            cold.cpu_at_loaded,
+            ms(warm.loaded),
+            warm.cpu_at_loaded,
+            warm.settled.rss_mib,
+            warm.settled.rss_mib / go.at_steady.rss_mib
         );
     }
     if let Some(d) = wasm.as_ref().and_then(|o| o.plugin_load) {
@@ -450,6 +498,140 @@ fn many_table(w: &mut String, many: &ManyRun) {
             d.as_secs_f64()
         );
     }
+}
+
+fn ms(d: std::time::Duration) -> String {
+    format!("{:.0} ms", d.as_secs_f64() * 1000.0)
+}
+
+/// The host's caches: objects and bytes per object, per kind.
+fn caches(w: &mut String, o: &Outcome) {
+    if o.caches.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        w,
+        "wasmop's caches 5 s after convergence (`wasmop_cache_objects`, `wasmop_cache_bytes`):\n"
+    );
+    let _ = writeln!(w, "| kind (body) | objects | bytes per object | MiB |");
+    let _ = writeln!(w, "|---|---:|---:|---:|");
+    for (kind, n, bytes) in &o.caches {
+        let per = if *n > 0 { bytes / *n as f64 } else { 0.0 };
+        let _ = writeln!(w, "| {kind} | {n} | {per:.0} | {:.2} |", bytes / 1048576.0);
+    }
+    let _ = writeln!(w);
+}
+
+fn scale_table(w: &mut String, runs: &[ScaleRun]) {
+    let _ = writeln!(
+        w,
+        "## Scale: parents of size 1
+"
+    );
+    let heads: Vec<&str> = runs[0].results.iter().map(|(c, _)| c.label()).collect();
+    let (go, native, wasm) = (0, 1, 2);
+    let ok = |run: &ScaleRun, i: usize| -> Option<Outcome> {
+        run.results.get(i)?.1.as_ref()?.as_ref().ok().cloned()
+    };
+    type Figure = (&'static str, usize, fn(&Outcome, usize) -> f64);
+    let figures: [Figure; 6] = [
+        ("converged (s)", 1, |o, _| secs(o.convergence.converged)),
+        ("RSS at convergence + 5 s (MiB)", 1, |o, _| {
+            o.at_converged.rss_mib
+        }),
+        ("peak RSS (MiB)", 1, |o, _| o.at_converged.peak_mib),
+        ("RSS per parent (KiB)", 1, |o, n| {
+            (o.at_converged.rss_mib - o.at_start.rss_mib) * 1024.0 / n as f64
+        }),
+        (
+            "CPU from first create to convergence + 5 s (s)",
+            2,
+            |o, _| o.at_converged.cpu_secs - o.at_start.cpu_secs,
+        ),
+        ("CPU per parent (ms)", 2, |o, n| {
+            (o.at_converged.cpu_secs - o.at_start.cpu_secs) * 1000.0 / n as f64
+        }),
+    ];
+    for (title, decimals, f) in figures {
+        let _ = writeln!(
+            w,
+            "| {title} | {} | wasmop/Go | wasmop/kube-rs |",
+            heads.join(" | ")
+        );
+        let _ = writeln!(w, "|---|{}---:|---:|", "---:|".repeat(heads.len()));
+        for run in runs {
+            let values: Vec<Option<f64>> = (0..heads.len())
+                .map(|i| ok(run, i).map(|o| f(&o, run.parents)))
+                .collect();
+            row(
+                w,
+                &format!("{} parents", run.parents),
+                &values,
+                decimals,
+                &[(wasm, go), (wasm, native)],
+            );
+        }
+        let _ = writeln!(w);
+    }
+    let _ = writeln!(
+        w,
+        "The plane's own RSS at convergence + 5 s, under each contestant:
+"
+    );
+    let _ = writeln!(w, "| parents | {} |", heads.join(" | "));
+    let _ = writeln!(w, "|---|{}", "---:|".repeat(heads.len()));
+    for run in runs {
+        let cells: Vec<String> = (0..heads.len())
+            .map(|i| ok(run, i).map_or("–".into(), |o| format!("{:.0} MiB", o.plane_mib)))
+            .collect();
+        let _ = writeln!(w, "| {} | {} |", run.parents, cells.join(" | "));
+    }
+    let _ = writeln!(w);
+    if let Some(o) = runs.last().and_then(|r| ok(r, wasm)) {
+        caches(w, &o);
+    }
+}
+
+fn plugins_table(w: &mut String, runs: &[ManyRun]) {
+    let _ = writeln!(
+        w,
+        "## Many plugins: K kinds × 10 parents
+"
+    );
+    let _ = writeln!(
+        w,
+        "| K | K × Go: RSS (MiB) | wasmop: RSS (MiB) | wasmop/Go | wasmop: MiB per more plugin | \
+         wasmop: watches | wasmop: plugins loaded after (s) |"
+    );
+    let _ = writeln!(w, "|---:|---:|---:|---:|---:|---:|---:|");
+    let ok =
+        |r: &Option<Result<Outcome, String>>| r.as_ref().and_then(|r| r.as_ref().ok()).cloned();
+    let mut last: Option<(usize, f64)> = None;
+    for run in runs {
+        let (go, wasm) = (ok(&run.go), ok(&run.wasmop));
+        let rss = |o: &Option<Outcome>| o.as_ref().map(|o| o.at_steady.rss_mib);
+        let cell = |v: Option<f64>, d: usize| v.map_or("–".into(), |v| format!("{v:.d$}"));
+        let marginal = match (last, rss(&wasm)) {
+            (Some((k0, r0)), Some(r)) if run.kinds > k0 => Some((r - r0) / (run.kinds - k0) as f64),
+            _ => None,
+        };
+        if let Some(r) = rss(&wasm) {
+            last = Some((run.kinds, r));
+        }
+        let watches = wasm.as_ref().map(|o| o.caches.len() as f64);
+        let _ = writeln!(
+            w,
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            run.kinds,
+            cell(rss(&go), 1),
+            cell(rss(&wasm), 1),
+            ratio(rss(&wasm), rss(&go)),
+            cell(marginal, 2),
+            cell(watches, 0),
+            cell(wasm.as_ref().and_then(|o| o.plugin_load).map(secs), 1),
+        );
+    }
+    let _ = writeln!(w);
 }
 
 fn calls_table(w: &mut String, calls: &Result<Vec<CallCost>, String>) {
@@ -484,7 +666,7 @@ fn opt_table(w: &mut String, builds: &Result<Vec<OptBuild>, String>) {
     let _ = writeln!(
         w,
         "The Memcached plugin built with each `-C opt-level` (one codegen unit, symbols \
-         stripped; `z` is what the repository ships), its size, and the mean sandbox call as \
+         stripped; `2` is what the repository ships), its size, and the mean sandbox call as \
          above:\n"
     );
     let pods: Vec<String> = POD_COUNTS

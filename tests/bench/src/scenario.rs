@@ -10,6 +10,7 @@ use tokio::time::Instant;
 
 use crate::artifacts::Artifacts;
 use crate::cluster::{self, Convergence, Cr, OperatorRequests, Requests, Tracker};
+use crate::contestants::NewPod;
 use crate::contestants::{self, Contestant, PLUGIN_NAMESPACE, Settings};
 use crate::kinds::Kind;
 use crate::process::{Proc, Usage};
@@ -42,9 +43,15 @@ pub struct Outcome {
     pub events: usize,
     /// wasmop: plugin ConfigMap(s) created → loaded.
     pub plugin_load: Option<Duration>,
-    /// wasmop: a second host on the same plugins with a warm compile cache, 5 s after it
-    /// loaded them.
-    pub warm_restart: Option<Usage>,
+    /// wasmop: new pods started after the steady window, each with an empty disk cache: one
+    /// that compiles (sharing off), then one that takes what the first host shared.
+    pub new_pods: Option<(NewPod, NewPod)>,
+    /// wasmop: each shared cache at convergence + 5 s: `Kind.apiVersion` and body (`full`,
+    /// `metadata`), objects, bytes.
+    pub caches: Vec<(String, usize, f64)>,
+    /// The plane's processes together (etcd, apiserver, controller-manager, scheduler, kwok),
+    /// RSS at convergence + 5 s, MiB.
+    pub plane_mib: f64,
     /// wasmop: ConfigMap updated to the second build → every parent has its Service.
     pub hot_swap: Option<Duration>,
     /// With the hot swap: the same number of Service applies at the same concurrency with no
@@ -63,6 +70,10 @@ pub struct Plan {
     pub steady: Duration,
     /// wasmop: measure a hot swap to `memcached_v2.wasm` afterwards.
     pub hot_swap: bool,
+    /// Every parent of size 1 (else 1 to 3).
+    pub size_one: bool,
+    /// wasmop: start new pods after the steady window (see [`Outcome::new_pods`]).
+    pub new_pods: bool,
 }
 
 /// Runs `who` through `plan` on a fresh control plane, stopped afterwards.
@@ -102,7 +113,10 @@ async fn measure(
 
     let running = contestants::start(who, art, env, &client, &plan.kinds, settings, tag).await?;
     let mut procs = running.procs;
-    let crs = cluster::plan(plan.kinds.len(), plan.per_kind);
+    let mut crs = cluster::plan(plan.kinds.len(), plan.per_kind);
+    if plan.size_one {
+        crs.iter_mut().for_each(|cr| cr.size = 1);
+    }
     let parent_resources: Vec<String> = plan.kinds.iter().map(|k| k.plural.clone()).collect();
     note!(
         "[{tag}] {}: creating {} objects in {} namespaces",
@@ -128,6 +142,16 @@ async fn measure(
     );
     tokio::time::sleep(SETTLE).await;
     let at_converged = usage(&mut procs)?;
+    let plane_mib = env
+        .processes()
+        .iter()
+        .filter_map(|(_, pid)| Usage::of(*pid).ok())
+        .map(|u| u.rss_mib)
+        .sum();
+    let caches = match &running.metrics {
+        Some(addr) => contestants::cache_stats(addr).await?,
+        None => Vec::new(),
+    };
     let settled = Requests::read(&client).await?;
     let mut converging = settled.since(&before);
     // The creates were the runner's; each kind has its own resource.
@@ -149,15 +173,22 @@ async fn measure(
         .operator(&parent_resources);
     let events = cluster::parent_events(&client, &plan.kinds).await?;
 
-    // The RSS above includes what compiling the plugins left behind; a host restarted with a
-    // warm compile cache shows the rest. It replaces the first host from here on.
-    let warm_restart = if who == Contestant::Wasmop {
-        note!("[{tag}] {}: restart with a warm compile cache", who.label());
+    // New pods, as a failover or a rollout starts them: an empty disk cache, first compiling
+    // (sharing off), then taking what the first host shared. The second replaces the first
+    // host from here on.
+    let new_pods = if who == Contestant::Wasmop && plan.new_pods {
         procs.clear();
-        let host = contestants::restart_warm(art, env, &plan.kinds, settings, tag).await?;
-        procs.push(host);
-        tokio::time::sleep(SETTLE).await;
-        Some(usage(&mut procs)?)
+        note!("[{tag}] {}: a new pod that compiles", who.label());
+        let (cold, pod) = contestants::new_pod(art, env, &plan.kinds, settings, tag, false).await?;
+        drop(cold);
+        note!(
+            "[{tag}] {}: a new pod that takes the shared artifact",
+            who.label()
+        );
+        let (warm, warm_pod) =
+            contestants::new_pod(art, env, &plan.kinds, settings, tag, true).await?;
+        procs.push(warm);
+        Some((pod, warm_pod))
     } else {
         None
     };
@@ -191,7 +222,9 @@ async fn measure(
         steady_requests,
         events,
         plugin_load: running.plugin_load,
-        warm_restart,
+        new_pods,
+        caches,
+        plane_mib,
         hot_swap,
         service_floor,
     })
