@@ -14,6 +14,7 @@ pub mod error;
 pub mod ledger;
 pub mod queue;
 pub mod reconcile;
+pub mod related;
 pub mod release;
 pub mod supervisor;
 
@@ -23,13 +24,12 @@ use std::time::Duration;
 
 use futures::stream::{self, BoxStream, StreamExt};
 use kube::Client;
-use kube::core::{Selector, SelectorExt};
 use kube::runtime::events::{Recorder, Reporter};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tracing::Instrument;
-use wasmop_contract::{Manifest, RelatedSelector};
+use wasmop_contract::Manifest;
 
 use crate::apply::preview::{Action, ParentPreview, describe as describe_preview};
 use crate::client::Fence;
@@ -41,6 +41,7 @@ use crate::telemetry::events::Events;
 use crate::text::truncate;
 use crate::watch::{Cache, Change, Hub, Missing, ObjKey, Object, Subscription};
 use queue::{Backoff, Queue, Reason};
+use related::RelatedIndex;
 pub use supervisor::Supervisor;
 
 /// How a controller schedules its work. One value serves every plugin of a host.
@@ -302,23 +303,10 @@ pub struct Shared {
     /// Records Events.
     pub events: Events,
     /// The related selectors each parent's last reconcile asked for, to map changes back.
-    /// Ordered by key, so the parents of one namespace are one range.
-    pub selectors: Mutex<BTreeMap<ObjKey, Related>>,
+    pub selectors: Mutex<RelatedIndex>,
     /// Per parent, the last request that changed nothing, and the requeue it asked for: the
     /// same request again needs no sandbox call (see [`reconcile`]).
     pub quiet: Mutex<HashMap<ObjKey, reconcile::Quiet>>,
-}
-
-/// What `related(parent)` returned for one parent, and for which version of both.
-pub struct Related {
-    /// The plugin's digest.
-    pub digest: String,
-    /// [`fingerprint`] of the parent.
-    pub fingerprint: u64,
-    /// The selectors as the plugin returned them.
-    pub selectors: Vec<RelatedSelector>,
-    /// The same, parsed, with the index of their kind in `kinds.related`.
-    pub parsed: Vec<(usize, Selector)>,
 }
 
 #[derive(Clone, Copy)]
@@ -370,7 +358,7 @@ pub fn spawn(
         related: cache_of(|r| matches!(r, Role::Related(_))),
         kinds: kinds.clone(),
         child_kinds,
-        selectors: Mutex::default(),
+        selectors: Mutex::new(RelatedIndex::new(kinds.parent.namespaced)),
         quiet: Mutex::default(),
     });
     let (tx, rx) = mpsc::unbounded_channel();
@@ -526,33 +514,6 @@ fn child_owner(parent: &ResolvedKind, obj: &Object) -> Option<ObjKey> {
         .then(|| obj.namespace().map(str::to_owned))
         .flatten();
     Some((ns, owner.name.clone()))
-}
-
-/// The parents whose last selectors for related kind `kind` match `obj`: those of its
-/// namespace only, for a namespaced parent kind.
-fn related_parents(
-    selectors: &BTreeMap<ObjKey, Related>,
-    kind: usize,
-    obj: &Object,
-    parent_namespaced: bool,
-) -> Vec<ObjKey> {
-    let labels = obj.labels().to_map();
-    let matches = |(key, r): (&ObjKey, &Related)| {
-        r.parsed
-            .iter()
-            .any(|(k, s)| *k == kind && s.matches(&labels))
-            .then(|| key.clone())
-    };
-    if parent_namespaced {
-        let ns = obj.namespace().map(str::to_owned);
-        selectors
-            .range((ns.clone(), String::new())..)
-            .take_while(|((pns, _), _)| *pns == ns)
-            .filter_map(matches)
-            .collect()
-    } else {
-        selectors.iter().filter_map(matches).collect()
-    }
 }
 
 impl Runner {
@@ -771,7 +732,7 @@ impl Runner {
             Role::Related(i) => {
                 let hits = {
                     let selectors = self.shared.selectors.lock().expect("selectors lock");
-                    related_parents(&selectors, i, obj, self.shared.kinds.parent.namespaced)
+                    selectors.parents_of(i, obj)
                 };
                 let what = describe(&self.shared.kinds.related[i].0.kind.kind, obj);
                 for key in hits {
@@ -989,7 +950,7 @@ pub(crate) fn fingerprint(obj: &Object) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, OwnerReference};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
     use kube::api::ApiResource;
     use kube::core::GroupVersionKind;
     use wasmop_contract::KindRef;
@@ -1071,52 +1032,6 @@ mod tests {
             child_owner(&memcached(false), &cluster),
             Some((None, "cache".into()))
         );
-    }
-
-    #[test]
-    fn a_related_change_reaches_only_the_parents_whose_selectors_match_in_its_namespace() {
-        let selector = |app: &str| -> Selector {
-            LabelSelector {
-                match_labels: Some([("app".to_string(), app.to_string())].into()),
-                ..Default::default()
-            }
-            .try_into()
-            .unwrap()
-        };
-        let related = |kind: usize, app: &str| Related {
-            digest: "sha256:00".into(),
-            fingerprint: 0,
-            selectors: Vec::new(),
-            parsed: vec![(kind, selector(app))],
-        };
-        let key = |ns: &str, name: &str| (Some(ns.to_string()), name.to_string());
-        let selectors = BTreeMap::from([
-            (key("a", "one"), related(0, "web")),
-            (key("a", "two"), related(0, "db")),
-            (key("a", "three"), related(1, "web")),
-            (key("b", "four"), related(0, "web")),
-        ]);
-        let web = pod(
-            Some("a"),
-            "p",
-            serde_json::json!({"labels": {"app": "web"}}),
-        );
-        let pod = web;
-        assert_eq!(
-            related_parents(&selectors, 0, &pod, true),
-            vec![key("a", "one")]
-        );
-        assert_eq!(
-            related_parents(&selectors, 1, &pod, true),
-            vec![key("a", "three")]
-        );
-        // Cluster-scoped parents see every namespace.
-        assert_eq!(
-            related_parents(&selectors, 0, &pod, false),
-            vec![key("a", "one"), key("b", "four")]
-        );
-        let bare = object(Some("a"), "p");
-        assert!(related_parents(&selectors, 0, &bare, true).is_empty());
     }
 
     #[test]

@@ -27,9 +27,10 @@ use wasmop_contract::validate::{self, Target, Validated};
 use wasmop_contract::wire::{WireEvent, WireResponse};
 use wasmop_contract::{KindRef, Manifest, RelatedSelector};
 
+use super::Shared;
 use super::error::{Error, ReconcileError};
 use super::queue::Reason;
-use super::{Related, Shared};
+use super::related::Related;
 use crate::apply::preview::{FieldChange, ParentPreview};
 use crate::apply::{self, Children};
 use crate::gather::{self, Observed};
