@@ -93,6 +93,25 @@ struct Args {
     out: Option<PathBuf>,
 }
 
+/// Runs `c` through `plan` if it is `selected`; a failure is noted and kept as its message.
+async fn measure(
+    c: Contestant,
+    selected: &[Contestant],
+    art: &artifacts::Artifacts,
+    plan: &Plan,
+    settings: &Settings,
+    tag: &str,
+) -> Option<Result<scenario::Outcome, String>> {
+    if !selected.contains(&c) {
+        return None;
+    }
+    let r = scenario::run(c, art, plan, settings, tag).await;
+    if let Err(e) = &r {
+        note!("[{tag}] {} failed: {e:#}", c.label());
+    }
+    Some(r.map_err(|e| format!("{e:#}")))
+}
+
 /// Seconds since the runner started.
 fn elapsed() -> f64 {
     static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
@@ -217,17 +236,9 @@ async fn run(args: Args) -> Result<Report> {
         };
         let mut results = Vec::new();
         for c in Contestant::ALL {
-            let outcome = if selected.contains(&c) {
-                let tag = format!("run{i}");
-                let r = scenario::run(c, &art, &one_kind, &settings, &tag).await;
-                if let Err(e) = &r {
-                    note!("[{tag}] {} failed: {e:#}", c.label());
-                }
-                Some(r.map_err(|e| format!("{e:#}")))
-            } else {
-                None
-            };
-            results.push((c, outcome));
+            let tag = format!("run{i}");
+            let outcome = measure(c, &selected, &art, &one_kind, &settings, &tag);
+            results.push((c, outcome.await));
         }
         single.push(SingleRun {
             title: title.clone(),
@@ -252,21 +263,8 @@ async fn run(args: Args) -> Result<Report> {
             limits: None,
         };
         let selected = &selected;
-        let one = |c: Contestant| {
-            let (plan, settings, art) = (&plan, &settings, &art);
-            async move {
-                if !selected.contains(&c) {
-                    return None;
-                }
-                let r = scenario::run(c, art, plan, settings, "many").await;
-                if let Err(e) = &r {
-                    note!("[many] {} failed: {e:#}", c.label());
-                }
-                Some(r.map_err(|e| format!("{e:#}")))
-            }
-        };
-        let go = one(Contestant::Go).await;
-        let wasmop = one(Contestant::Wasmop).await;
+        let go = measure(Contestant::Go, selected, &art, &plan, &settings, "many").await;
+        let wasmop = measure(Contestant::Wasmop, selected, &art, &plan, &settings, "many").await;
         Some(ManyRun {
             kinds: args.kinds,
             per_kind,
@@ -292,17 +290,9 @@ async fn run(args: Args) -> Result<Report> {
         };
         let mut results = Vec::new();
         for c in Contestant::ALL {
-            let outcome = if selected.contains(&c) {
-                let tag = format!("scale{n}");
-                let r = scenario::run(c, &art, &plan, &default_settings, &tag).await;
-                if let Err(e) = &r {
-                    note!("[{tag}] {} failed: {e:#}", c.label());
-                }
-                Some(r.map_err(|e| format!("{e:#}")))
-            } else {
-                None
-            };
-            results.push((c, outcome));
+            let tag = format!("scale{n}");
+            let outcome = measure(c, &selected, &art, &plan, &default_settings, &tag);
+            results.push((c, outcome.await));
         }
         scale_runs.push(ScaleRun {
             parents: n,
@@ -319,19 +309,31 @@ async fn run(args: Args) -> Result<Report> {
             size_one: false,
             new_pods: false,
         };
-        let run_one = async |c: Contestant| {
-            if !selected.contains(&c) || (c == Contestant::Go && k > args.max_go_processes) {
-                return None;
-            }
-            let tag = format!("plugins{k}");
-            let r = scenario::run(c, &art, &plan, &default_settings, &tag).await;
-            if let Err(e) = &r {
-                note!("[{tag}] {} failed: {e:#}", c.label());
-            }
-            Some(r.map_err(|e| format!("{e:#}")))
-        };
-        let go = run_one(Contestant::Go).await;
-        let wasmop = run_one(Contestant::Wasmop).await;
+        let tag = format!("plugins{k}");
+        // Past --max-go-processes, the Go side is left out.
+        let go_too: Vec<Contestant> = selected
+            .iter()
+            .copied()
+            .filter(|&c| c != Contestant::Go || k <= args.max_go_processes)
+            .collect();
+        let go = measure(
+            Contestant::Go,
+            &go_too,
+            &art,
+            &plan,
+            &default_settings,
+            &tag,
+        )
+        .await;
+        let wasmop = measure(
+            Contestant::Wasmop,
+            &go_too,
+            &art,
+            &plan,
+            &default_settings,
+            &tag,
+        );
+        let wasmop = wasmop.await;
         plugin_runs.push(ManyRun {
             kinds: k,
             per_kind: 10,
