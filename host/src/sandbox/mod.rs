@@ -200,10 +200,10 @@ impl Sandbox {
         if self.inner.cache.has(digest_hex) {
             return None;
         }
-        let key = store.key().await?;
         let name = self.artifact_name(digest_hex);
-        let fetch = tokio::time::timeout(crate::config::ARTIFACT_FETCH_TIMEOUT, store.fetch(&name));
-        let sealed = fetch.await.ok().flatten()?;
+        let both = async { Some((store.key().await?, store.fetch(&name).await?)) };
+        let fetched = tokio::time::timeout(crate::config::ARTIFACT_FETCH_TIMEOUT, both).await;
+        let (key, sealed) = fetched.ok().flatten()?;
         match key.open(&name, sealed) {
             Some(vouched) => Some(vouched),
             None => {

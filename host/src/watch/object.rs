@@ -142,18 +142,12 @@ impl Object {
     /// Builds an object from its JSON text: `managedFields` are dropped, the metadata the host
     /// reads is decoded.
     pub fn from_json(text: &str) -> Result<Object, NotAnObject> {
-        build(text, None, false)
+        build(text, false)
     }
 
     /// Builds an object from a JSON value (files, tests).
     pub fn from_value(value: &Value) -> Result<Object, NotAnObject> {
-        build(&value.to_string(), None, false)
-    }
-
-    /// Builds an object from a [`DynamicObject`].
-    pub fn from_dynamic(obj: &DynamicObject) -> Result<Object, NotAnObject> {
-        let text = serde_json::to_string(obj).map_err(|e| NotAnObject(e.to_string()))?;
-        build(&text, None, false)
+        build(&value.to_string(), false)
     }
 
     /// The same object with this `apiVersion` and `kind` (list items of built-in kinds come
@@ -180,7 +174,7 @@ impl Object {
         if self.metadata_only {
             return self.clone();
         }
-        build(self.text.get(), None, true).expect("a cached object rebuilds")
+        build(self.text.get(), true).expect("a cached object rebuilds")
     }
 
     /// The whole object as JSON text, without `managedFields`.
@@ -188,9 +182,13 @@ impl Object {
         self.text.get()
     }
 
-    /// The whole object parsed.
+    /// The whole object parsed (`null` in the one case serde_json refuses what the API
+    /// server sent: a number past `f64`, which no API server stores).
     pub fn value(&self) -> Value {
-        serde_json::from_str(self.text.get()).expect("cached text parses: its depth was checked")
+        serde_json::from_str(self.text.get()).unwrap_or_else(|e| {
+            tracing::warn!(kind = %self.kind, name = self.name(), error = %e, "a cached object does not parse");
+            Value::Null
+        })
     }
 
     /// One top-level field parsed (`spec`, `status`, …), if present.
@@ -339,7 +337,7 @@ impl Serialize for Object {
 impl<'de> Deserialize<'de> for Object {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let raw = <Box<RawValue>>::deserialize(d)?;
-        build(raw.get(), None, false).map_err(de::Error::custom)
+        build(raw.get(), false).map_err(de::Error::custom)
     }
 }
 
@@ -394,7 +392,7 @@ fn type_head(api_version: &str, kind: &str) -> String {
     format!("{{\"apiVersion\":{},\"kind\":{},", q(api_version), q(kind))
 }
 
-fn build(text: &str, types: Option<&TypeMeta>, metadata_only: bool) -> Result<Object, NotAnObject> {
+fn build(text: &str, metadata_only: bool) -> Result<Object, NotAnObject> {
     let bad = |e: serde_json::Error| NotAnObject(e.to_string());
     let fields: Fields<'_> = serde_json::from_str(text).map_err(bad)?;
     let metadata = fields.get("metadata");
@@ -409,13 +407,10 @@ fn build(text: &str, types: Option<&TypeMeta>, metadata_only: bool) -> Result<Ob
     let string = |name: &str| -> Option<String> {
         serde_json::from_str::<String>(fields.get(name)?.get()).ok()
     };
-    let (api_version, kind) = match types {
-        Some(t) => (t.api_version.clone(), t.kind.clone()),
-        None => (
-            string("apiVersion").unwrap_or_default(),
-            string("kind").unwrap_or_default(),
-        ),
-    };
+    let (api_version, kind) = (
+        string("apiVersion").unwrap_or_default(),
+        string("kind").unwrap_or_default(),
+    );
 
     let depth = nesting(text);
     let undecodable = (depth > MAX_DEPTH).then(|| {
@@ -518,7 +513,7 @@ impl<'de> Deserialize<'de> for Full {
 impl<'de> Deserialize<'de> for MetaOnly {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let raw = <Box<RawValue>>::deserialize(d)?;
-        build(raw.get(), None, true)
+        build(raw.get(), true)
             .map(MetaOnly)
             .map_err(de::Error::custom)
     }

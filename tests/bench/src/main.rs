@@ -24,6 +24,7 @@ mod artifacts;
 mod calls;
 mod cluster;
 mod contestants;
+mod floor;
 mod kinds;
 mod process;
 mod report;
@@ -87,10 +88,25 @@ struct Args {
     /// Go processes run in the plugin curve at most; beyond, the Go figure is left out.
     #[arg(long, default_value_t = 100)]
     max_go_processes: usize,
+    /// Measure the plane's own cost of each kind of write (POST against server-side apply,
+    /// with no operator) for this many objects [default: --crs; none with --quick].
+    #[arg(long)]
+    floor: Option<usize>,
+    /// Only the plane's cost of each kind of write; nothing else.
+    #[arg(long)]
+    floor_only: bool,
     /// Where to write the report [default: docs/benchmarks.md, or
     /// target/bench/benchmarks-quick.md with --quick].
     #[arg(long)]
     out: Option<PathBuf>,
+}
+
+/// The command line, as run.
+fn command_line() -> String {
+    std::iter::once("cargo run --release -p bench --".to_owned())
+        .chain(std::env::args().skip(1))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Runs `c` through `plan` if it is `selected`; a failure is noted and kept as its message.
@@ -210,6 +226,37 @@ async fn run(args: Args) -> Result<Report> {
         .await?;
         Some(result.map_err(|e| format!("{e:#}")))
     };
+
+    let floor_n = args.floor.or((!args.quick).then_some(crs));
+    let floors = match floor_n {
+        Some(n) => {
+            note!("[floor] the plane's cost of {n} writes of each kind, no operator");
+            Some(
+                floor::measure(n, args.concurrency)
+                    .await
+                    .map_err(|e| format!("{e:#}")),
+            )
+        }
+        None => None,
+    };
+    if args.floor_only {
+        let report = Report {
+            command: command_line(),
+            date: report::today(),
+            machine: report::machine(),
+            setup: format!("concurrency {}", args.concurrency),
+            single: Vec::new(),
+            many: None,
+            scale: Vec::new(),
+            plugins: Vec::new(),
+            floors,
+            calls: None,
+            opt_levels: None,
+            took_secs: started.elapsed().as_secs_f64(),
+        };
+        println!("{}", report.markdown());
+        return Ok(report);
+    }
 
     let mut limits: Vec<(String, Option<(f64, u32)>)> =
         vec![("default client rate limits".into(), None)];
@@ -342,12 +389,8 @@ async fn run(args: Args) -> Result<Report> {
         });
     }
 
-    let command = std::iter::once("cargo run --release -p bench --".to_owned())
-        .chain(std::env::args().skip(1))
-        .collect::<Vec<_>>()
-        .join(" ");
     let report = Report {
-        command,
+        command: command_line(),
         date: report::today(),
         machine: report::machine(),
         setup: format!(
@@ -362,6 +405,7 @@ async fn run(args: Args) -> Result<Report> {
         many,
         scale: scale_runs,
         plugins: plugin_runs,
+        floors,
         calls,
         opt_levels,
         took_secs: started.elapsed().as_secs_f64(),

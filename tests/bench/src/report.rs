@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 
 use crate::calls::{CallCost, OptBuild, POD_COUNTS};
 use crate::contestants::Contestant;
+use crate::floor::Floor;
 use crate::scenario::Outcome;
 
 /// Results of one single-operator run (one setting of client rate limits).
@@ -53,6 +54,8 @@ pub struct Report {
     pub scale: Vec<ScaleRun>,
     /// The plugin curve: K kinds of 10 parents each.
     pub plugins: Vec<ManyRun>,
+    /// The plane's own cost of each kind of write.
+    pub floors: Option<Result<Vec<Floor>, String>>,
     /// The plugin-call timings.
     pub calls: Option<Result<Vec<CallCost>, String>>,
     /// The guest built at other optimisation levels (full runs only).
@@ -90,6 +93,9 @@ impl Report {
         if !self.plugins.is_empty() {
             plugins_table(w, &self.plugins);
         }
+        if let Some(floors) = &self.floors {
+            floor_table(w, floors);
+        }
         if let Some(calls) = &self.calls {
             calls_table(w, calls);
         }
@@ -117,6 +123,7 @@ impl Report {
                 .iter()
                 .any(|run| run.results.iter().any(|(_, r)| bad(r)))
             || matches!(self.calls, Some(Err(_)))
+            || matches!(self.floors, Some(Err(_)))
             || matches!(self.opt_levels, Some(Err(_)))
     }
 }
@@ -629,6 +636,36 @@ fn plugins_table(w: &mut String, runs: &[ManyRun]) {
             cell(marginal, 2),
             cell(watches, 0),
             cell(wasm.as_ref().and_then(|o| o.plugin_load).map(secs), 1),
+        );
+    }
+    let _ = writeln!(w);
+}
+
+fn floor_table(w: &mut String, floors: &Result<Vec<Floor>, String>) {
+    let _ = writeln!(w, "## The plane's cost of each write\n");
+    let Ok(floors) = floors else {
+        let _ = writeln!(w, "Failed (see below).\n");
+        return;
+    };
+    let _ = writeln!(
+        w,
+        "No operator: the runner writes what each operator writes, on a fresh plane, at the \
+         run's concurrency; the CPU is kube-apiserver's and etcd's.\n"
+    );
+    let _ = writeln!(
+        w,
+        "| write | objects | took (s) | plane CPU (s) | plane CPU per write (ms) |"
+    );
+    let _ = writeln!(w, "|---|---:|---:|---:|---:|");
+    for f in floors {
+        let _ = writeln!(
+            w,
+            "| {} | {} | {:.1} | {:.2} | {:.2} |",
+            f.what,
+            f.n,
+            secs(f.took),
+            f.plane_cpu,
+            f.plane_cpu * 1000.0 / f.n.max(1) as f64
         );
     }
     let _ = writeln!(w);
