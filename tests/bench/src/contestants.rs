@@ -264,6 +264,33 @@ pub async fn cache_stats(addr: &str) -> Result<Vec<(String, usize, f64)>> {
     Ok(out)
 }
 
+/// The host's plugin calls and the reconciles it answered without one (the request
+/// byte-identical to the last answered), so far.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Calls {
+    pub calls: f64,
+    pub skipped: f64,
+}
+
+impl Calls {
+    /// Read from the host serving metrics at `addr`.
+    pub async fn read(addr: &str) -> Result<Self> {
+        let text = metric_text(addr).await?;
+        Ok(Self {
+            calls: counter_sum(&text, "wasmop_plugin_call_duration_seconds_count{"),
+            skipped: counter_sum(&text, "wasmop_reconcile_skipped_total{"),
+        })
+    }
+
+    /// What happened between `earlier` and `self`.
+    pub fn since(self, earlier: Self) -> Self {
+        Self {
+            calls: self.calls - earlier.calls,
+            skipped: self.skipped - earlier.skipped,
+        }
+    }
+}
+
 /// The sum of every series of counter `prefix` (`name{`) in a Prometheus text.
 fn counter_sum(text: &str, prefix: &str) -> f64 {
     text.lines()

@@ -335,6 +335,13 @@ fn single_table(w: &mut String, run: &SingleRun) {
                 d.as_secs_f64() * 1000.0
             ));
         }
+        if let Some(c) = o.steady_calls {
+            extras.push(format!(
+                "during the steady window the host made {:.0} plugin calls and answered {:.0} \
+                 resyncs without one (request byte-identical to the last answered)",
+                c.calls, c.skipped
+            ));
+        }
         if let Some((cold, warm)) = o.new_pods {
             let mut vs = Vec::new();
             for (i, name) in [(go, "Go"), (native, "kube-rs")] {

@@ -10,8 +10,8 @@ use tokio::time::Instant;
 
 use crate::artifacts::Artifacts;
 use crate::cluster::{self, Convergence, Cr, OperatorRequests, Requests, Tracker};
-use crate::contestants::NewPod;
 use crate::contestants::{self, Contestant, PLUGIN_NAMESPACE, Settings};
+use crate::contestants::{Calls, NewPod};
 use crate::kinds::Kind;
 use crate::process::{Proc, Usage};
 
@@ -39,6 +39,8 @@ pub struct Outcome {
     pub converging: OperatorRequests,
     /// Operator requests during the steady window.
     pub steady_requests: OperatorRequests,
+    /// wasmop: plugin calls and reconciles answered without one during the steady window.
+    pub steady_calls: Option<Calls>,
     /// Events recorded on the parents.
     pub events: usize,
     /// wasmop: plugin ConfigMap(s) created → loaded.
@@ -153,6 +155,10 @@ async fn measure(
         None => Vec::new(),
     };
     let settled = Requests::read(&client).await?;
+    let calls_before = match &running.metrics {
+        Some(addr) => Some(Calls::read(addr).await?),
+        None => None,
+    };
     let mut converging = settled.since(&before);
     // The creates were the runner's; each kind has its own resource.
     for (i, kind) in plan.kinds.iter().enumerate() {
@@ -167,6 +173,10 @@ async fn measure(
     );
     tokio::time::sleep(plan.steady).await;
     let at_steady = usage(&mut procs)?;
+    let steady_calls = match (&running.metrics, calls_before) {
+        (Some(addr), Some(before)) => Some(Calls::read(addr).await?.since(before)),
+        _ => None,
+    };
     let steady_requests = Requests::read(&client)
         .await?
         .since(&settled)
@@ -220,6 +230,7 @@ async fn measure(
         steady: plan.steady,
         converging: converging.operator(&parent_resources),
         steady_requests,
+        steady_calls,
         events,
         plugin_load: running.plugin_load,
         new_pods,
