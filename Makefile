@@ -13,7 +13,7 @@ test: setup plane lint
 	cargo test --workspace
 	tests/demo-test.sh
 	tests/scaffold-test.sh
-	cargo run --release -p bench -- --quick
+	cargo run -p bench -- --quick
 
 # The README's first command, run to "ready" and stopped with Ctrl-C and SIGTERM; nothing may
 # be left running (after `cargo test`, whose builds it reuses).

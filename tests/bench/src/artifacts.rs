@@ -1,6 +1,6 @@
 //! Builds what the contestants run: the Go operator (`go build`, cached by Go), the host and
-//! the native controller (`cargo build --release`), and the bench plugin (`wasm32-wasip2`) once
-//! per kind. The Memcached plugins come from `test-artifacts`, built with this binary.
+//! the native controller (`cargo build`, in this binary's own profile), and the bench plugin
+//! (`wasm32-wasip2`) once per kind. The Memcached plugins come from `test-artifacts`, built with this binary.
 //!
 //! Outputs land under `target/bench/`. The bench plugin builds in `target/wasm-test`, the
 //! directory `test-artifacts` builds its guests in, so they share the dependencies' builds.
@@ -72,12 +72,20 @@ pub fn build(kinds: &[Kind]) -> Result<Artifacts> {
     .context("go build (Go 1.26 on PATH; modules from the Go module proxy)")?;
 
     note!("building the host and the native controller");
-    // With `-p bench` features resolve as for `cargo run -p bench`, so nothing is rebuilt.
+    // With `-p bench` features resolve as for `cargo run -p bench`, so nothing is rebuilt. In
+    // this binary's profile: a release runner measures release builds; a dev one (CI's quick
+    // check) reuses what the tests built.
+    let (profile_flag, profile_dir): (&[&str], _) = if cfg!(debug_assertions) {
+        (&[], "debug")
+    } else {
+        (&["--release"], "release")
+    };
     run(Command::new(cargo())
         .current_dir(root())
-        .args(["build", "--release", "-p", "bench"])
+        .args(["build", "-p", "bench"])
+        .args(profile_flag)
         .args(["-p", "wasmop", "-p", "bench-native"]))?;
-    let release = target_dir().join("release");
+    let release = target_dir().join(profile_dir);
 
     let wasm_target = target_dir().join("wasm-test");
     let wasm_out = wasm_target.join("wasm32-wasip2/release");

@@ -4,7 +4,7 @@
 //! plugins; and the cost of one plugin call, sandboxed and native.
 //!
 //! ```sh
-//! cargo run --release -p bench -- --quick     # CI: 20 objects, one run, ~4 min plus builds
+//! cargo run -p bench -- --quick               # CI: 20 objects, dev builds: does it all run
 //! cargo run --release -p bench                # 1000 objects, both limit settings, ~16 min
 //! ```
 //!
@@ -103,7 +103,12 @@ struct Args {
 
 /// The command line, as run.
 fn command_line() -> String {
-    std::iter::once("cargo run --release -p bench --".to_owned())
+    let run = if cfg!(debug_assertions) {
+        "cargo run -p bench --"
+    } else {
+        "cargo run --release -p bench --"
+    };
+    std::iter::once(run.to_owned())
         .chain(std::env::args().skip(1))
         .collect::<Vec<_>>()
         .join(" ")
@@ -400,7 +405,11 @@ async fn run(args: Args) -> Result<Report> {
             cluster::NAMESPACES,
             args.concurrency,
             steady.as_secs()
-        ),
+        ) + if cfg!(debug_assertions) {
+            "; **built in the dev profile**: a check that everything runs, not figures to compare"
+        } else {
+            ""
+        },
         single,
         many,
         scale: scale_runs,
