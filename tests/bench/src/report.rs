@@ -750,12 +750,27 @@ fn failures(w: &mut String, r: &Report) {
             }
         }
     }
-    if let Some(m) = &r.many {
+    let many = r.many.iter().map(|m| ("many operators".to_owned(), m));
+    let curve = r
+        .plugins
+        .iter()
+        .map(|m| (format!("{} plugins", m.kinds), m));
+    for (title, m) in many.chain(curve) {
         for (who, res) in [("Go", &m.go), ("wasmop", &m.wasmop)] {
             if let Some(Err(e)) = res {
-                lines.push(format!("- many operators, {who}: {e}"));
+                lines.push(format!("- {title}, {who}: {e}"));
             }
         }
+    }
+    for run in &r.scale {
+        for (c, res) in &run.results {
+            if let Some(Err(e)) = res {
+                lines.push(format!("- {} parents, {}: {e}", run.parents, c.label()));
+            }
+        }
+    }
+    if let Some(Err(e)) = &r.floors {
+        lines.push(format!("- the plane's cost of each write: {e}"));
     }
     if let Some(Err(e)) = &r.opt_levels {
         lines.push(format!("- optimisation levels: {e}"));
