@@ -72,8 +72,8 @@ pub fn build(kinds: &[Kind]) -> Result<Artifacts> {
     .context("go build (Go 1.26 on PATH; modules from the Go module proxy)")?;
 
     note!("building the host and the native controller");
-    // With `-p bench` features resolve as for `cargo run -p bench`, so nothing is rebuilt. In
-    // this binary's profile: a release runner measures release builds; a dev one (CI's quick
+    // With `-p bench` most features resolve as for `cargo run -p bench` (not all: see the
+    // README's "Not done yet"). In this binary's profile: a release runner measures release builds; a dev one (CI's quick
     // check) reuses what the tests built.
     let (profile_flag, profile_dir): (&[&str], _) = if cfg!(debug_assertions) {
         (&[], "debug")
