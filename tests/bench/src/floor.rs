@@ -76,19 +76,14 @@ async fn run(env: &TestEnv, n: usize, concurrency: usize) -> Result<Vec<Floor>> 
 
     let api = deployments(POST_NS);
     out.push(
-        timed(
-            env,
-            n,
-            "Deployment, POST (Go)",
-            each(n, concurrency, |i| {
-                let api = api.clone();
-                async move {
-                    let d = serde_json::from_value(deployment(i, POST_NS))?;
-                    api.create(&PostParams::default(), &d).await?;
-                    Ok(())
-                }
-            }),
-        )
+        timed(env, n, concurrency, "Deployment, POST (Go)", |i| {
+            let api = api.clone();
+            async move {
+                let d = serde_json::from_value(deployment(i, POST_NS))?;
+                api.create(&PostParams::default(), &d).await?;
+                Ok(())
+            }
+        })
         .await?,
     );
     let api = deployments(APPLY_NS);
@@ -96,8 +91,9 @@ async fn run(env: &TestEnv, n: usize, concurrency: usize) -> Result<Vec<Floor>> 
         timed(
             env,
             n,
+            concurrency,
             "Deployment, server-side apply (wasmop, kube-rs)",
-            each(n, concurrency, |i| {
+            |i| {
                 let api = api.clone();
                 async move {
                     let d = deployment(i, APPLY_NS);
@@ -106,7 +102,7 @@ async fn run(env: &TestEnv, n: usize, concurrency: usize) -> Result<Vec<Floor>> 
                         .await?;
                     Ok(())
                 }
-            }),
+            },
         )
         .await?,
     );
@@ -126,22 +122,17 @@ async fn run(env: &TestEnv, n: usize, concurrency: usize) -> Result<Vec<Floor>> 
     );
     let listed = &listed;
     out.push(
-        timed(
-            env,
-            n,
-            "status, PUT (Go)",
-            each(n, concurrency, |i| {
-                let api = api.clone();
-                let mut obj = listed[i].clone();
-                async move {
-                    let name = format!("mc-{i}");
-                    obj.data["status"] = status(i);
-                    api.replace_status(&name, &PostParams::default(), &obj)
-                        .await?;
-                    Ok(())
-                }
-            }),
-        )
+        timed(env, n, concurrency, "status, PUT (Go)", |i| {
+            let api = api.clone();
+            let mut obj = listed[i].clone();
+            async move {
+                let name = format!("mc-{i}");
+                obj.data["status"] = status(i);
+                api.replace_status(&name, &PostParams::default(), &obj)
+                    .await?;
+                Ok(())
+            }
+        })
         .await?,
     );
     let api = parents(APPLY_NS);
@@ -149,8 +140,9 @@ async fn run(env: &TestEnv, n: usize, concurrency: usize) -> Result<Vec<Floor>> 
         timed(
             env,
             n,
+            concurrency,
             "status, server-side apply (wasmop, kube-rs)",
-            each(n, concurrency, |i| {
+            |i| {
                 let api = api.clone();
                 async move {
                     let patch = json!({
@@ -162,7 +154,7 @@ async fn run(env: &TestEnv, n: usize, concurrency: usize) -> Result<Vec<Floor>> 
                         .await?;
                     Ok(())
                 }
-            }),
+            },
         )
         .await?,
     );
@@ -209,13 +201,19 @@ const QUIET_CPU: f64 = 0.15;
 /// The longest wait for the plane to come to rest before a measurement.
 const SETTLE_AT_MOST: Duration = Duration::from_secs(120);
 
-/// Times `fut` and the apiserver's and etcd's CPU meanwhile, once the plane is at rest.
-async fn timed(
+/// Times `f(0..n)`, `concurrency` at a time, and the apiserver's and etcd's CPU meanwhile,
+/// once the plane is at rest.
+async fn timed<F, Fut>(
     env: &TestEnv,
     n: usize,
+    concurrency: usize,
     what: &'static str,
-    fut: impl std::future::Future<Output = Result<()>>,
-) -> Result<Floor> {
+    f: F,
+) -> Result<Floor>
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
     let cpu = || -> f64 {
         env.processes()
             .iter()
@@ -238,7 +236,9 @@ async fn timed(
         };
     }
     let (cpu0, start) = (cpu(), Instant::now());
-    fut.await.with_context(|| format!("writing: {what}"))?;
+    each(n, concurrency, f)
+        .await
+        .with_context(|| format!("writing: {what}"))?;
     Ok(Floor {
         what,
         n,
