@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! cargo run -p testenv -- up      # prints KUBECONFIG=<path> once the node is Ready; Ctrl-C stops
+//! cargo run -p testenv -- up --feature-gates ShardedListAndWatch=true   # with sharded watches
 //! cargo run -p testenv -- build   # builds (or finds cached) controlplane and kwok
 //! ```
 
@@ -29,7 +30,12 @@ enum Cmd {
     /// Start a control plane in the foreground. Writes the admin kubeconfig to
     /// `<target dir>/testenv/kubeconfig`, prints `KUBECONFIG=<path>` on stdout once the node
     /// is Ready, and stops everything on Ctrl-C or SIGTERM.
-    Up,
+    Up {
+        /// kube-apiserver feature gates, e.g. `ShardedListAndWatch=true` (what
+        /// `wasmop run --shards` uses for server-side sharded watches).
+        #[arg(long, value_delimiter = ',')]
+        feature_gates: Vec<String>,
+    },
     /// Build the binaries (or find them in the cache) and print their directory.
     Build,
     /// Print the path of one binary (`controlplane`, `kwok` or `kubectl`), building first if
@@ -51,7 +57,7 @@ async fn main() -> anyhow::Result<()> {
         )
         .init();
     match Cli::parse().command {
-        Cmd::Up => up().await,
+        Cmd::Up { feature_gates } => up(&feature_gates).await,
         Cmd::Build => {
             let bins = testenv::binaries::ensure().await?;
             println!(
@@ -76,13 +82,14 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
-async fn up() -> anyhow::Result<()> {
+async fn up(feature_gates: &[String]) -> anyhow::Result<()> {
+    let gates: Vec<&str> = feature_gates.iter().map(String::as_str).collect();
     let mut terminate = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("listening for SIGINT")?;
 
     // A signal during start-up drops the start, which stops what had started.
     let env = tokio::select! {
-        env = TestEnv::start() => env?,
+        env = TestEnv::start_with_feature_gates(&gates) => env?,
         _ = terminate.recv() => return Ok(()),
         _ = interrupt.recv() => return Ok(()),
     };

@@ -147,10 +147,16 @@ impl TestEnv {
     /// On failure the error names the component that failed and quotes the end of its log;
     /// the work dir with all logs is then kept (see [`TestEnv::work_dir`]).
     pub async fn start() -> Result<TestEnv> {
+        Self::start_with_feature_gates(&[]).await
+    }
+
+    /// [`TestEnv::start`], with these kube-apiserver feature gates (`ShardedListAndWatch=true`).
+    pub async fn start_with_feature_gates(gates: &[&str]) -> Result<TestEnv> {
         let bins = binaries::ensure().await?;
+        let gates = gates.join(",");
         let mut attempt = 1;
         loop {
-            match Self::start_with(&bins).await {
+            match Self::start_with(&bins, &gates).await {
                 Err(e) if e.is_port_conflict() && attempt < START_ATTEMPTS => {
                     tracing::warn!(error = %e, "a port was taken during start-up; starting again");
                     attempt += 1;
@@ -160,9 +166,10 @@ impl TestEnv {
         }
     }
 
-    async fn start_with(bins: &Binaries) -> Result<TestEnv> {
+    async fn start_with(bins: &Binaries, gates: &str) -> Result<TestEnv> {
         let started = Instant::now();
-        let (mut env, layout) = Self::prepare()?;
+        let (mut env, mut layout) = Self::prepare()?;
+        layout.feature_gates = gates.to_string();
         // A cancelled start drops `env`, which stops what had started.
         if let Err(e) = env.boot(bins, &layout).await {
             // Keep the logs the error points at; a later start removes the directory once
@@ -190,6 +197,7 @@ impl TestEnv {
             etcd_peer: port()?,
             apiserver: port()?,
             scheduler: port()?,
+            feature_gates: String::new(),
         };
         let apiserver_addr = SocketAddr::from((Ipv4Addr::LOCALHOST, layout.apiserver));
         let apiserver_url = format!("https://{apiserver_addr}");
@@ -234,27 +242,27 @@ impl TestEnv {
         )?;
         self.until_etcd_ready(0).await?;
 
-        self.launch(
-            APISERVER,
-            &bins.controlplane,
-            &[
-                APISERVER.into(),
-                format!("--etcd-servers={etcd_url}"),
-                format!("--service-cluster-ip-range={SERVICE_CIDR}"),
-                "--allow-privileged=true".into(),
-                "--authorization-mode=RBAC".into(),
-                format!("--secure-port={apiserver_port}"),
-                // No --advertise-address=127.0.0.1: the endpoint reconciler refuses loopback
-                // addresses, so the apiserver advertises the host's default-route address.
-                "--bind-address=127.0.0.1".into(),
-                format!("--tls-cert-file={}", path(&pki.serving_cert)),
-                format!("--tls-private-key-file={}", path(&pki.serving_key)),
-                format!("--client-ca-file={}", path(&pki.ca_cert)),
-                format!("--service-account-issuer=https://127.0.0.1:{apiserver_port}/"),
-                format!("--service-account-key-file={}", path(&pki.sa_pub)),
-                format!("--service-account-signing-key-file={}", path(&pki.sa_key)),
-            ],
-        )?;
+        let mut apiserver_args: Vec<String> = vec![
+            APISERVER.into(),
+            format!("--etcd-servers={etcd_url}"),
+            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+            "--allow-privileged=true".into(),
+            "--authorization-mode=RBAC".into(),
+            format!("--secure-port={apiserver_port}"),
+            // No --advertise-address=127.0.0.1: the endpoint reconciler refuses loopback
+            // addresses, so the apiserver advertises the host's default-route address.
+            "--bind-address=127.0.0.1".into(),
+            format!("--tls-cert-file={}", path(&pki.serving_cert)),
+            format!("--tls-private-key-file={}", path(&pki.serving_key)),
+            format!("--client-ca-file={}", path(&pki.ca_cert)),
+            format!("--service-account-issuer=https://127.0.0.1:{apiserver_port}/"),
+            format!("--service-account-key-file={}", path(&pki.sa_pub)),
+            format!("--service-account-signing-key-file={}", path(&pki.sa_key)),
+        ];
+        if !layout.feature_gates.is_empty() {
+            apiserver_args.push(format!("--feature-gates={}", layout.feature_gates));
+        }
+        self.launch(APISERVER, &bins.controlplane, &apiserver_args)?;
         self.until_apiserver_ready(&client).await?;
 
         self.launch(
@@ -764,6 +772,8 @@ struct Layout {
     etcd_peer: u16,
     apiserver: u16,
     scheduler: u16,
+    // kube-apiserver's `--feature-gates`, empty for none.
+    feature_gates: String,
 }
 
 /// A plane's private directory, locked while in use and removed on drop (unless kept).
