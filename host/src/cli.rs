@@ -221,13 +221,21 @@ pub struct RunArgs {
     /// Name of the leader-election Lease.
     #[arg(long, default_value = config::LEASE_NAME)]
     pub lease_name: String,
-    /// How long a leader's Lease is valid without renewal, in seconds.
+    /// How long a leader's (or a shard's) Lease is valid without renewal, in seconds.
     #[arg(long, default_value_t = config::LEASE_DURATION_SECONDS)]
     pub lease_duration_seconds: u64,
     /// How long before the Lease expires the leader renews it, in seconds (the leader renews
     /// after `lease-duration − renew-grace`, 10 s by default).
     #[arg(long, default_value_t = config::LEASE_RENEW_GRACE_SECONDS)]
     pub lease_renew_grace_seconds: u64,
+    /// Share the parents with the other replicas: cut namespaces into this many shards (by
+    /// hash), each held by one replica through a Lease of its own (`wasmop-shard-<i>-of-<n>`);
+    /// every replica must be given the same number. Not with `--leader-elect`.
+    #[arg(long, conflicts_with = "leader_elect", value_parser = clap::value_parser!(u32).range(1..=crate::shard::MAX_SHARDS as i64))]
+    pub shards: Option<u32>,
+    /// Prefix of the shard Leases' names.
+    #[arg(long, default_value = config::SHARD_LEASE_PREFIX)]
+    pub shard_lease_prefix: String,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "WASMOP_LOG_FORMAT")]
     pub log_format: LogFormat,

@@ -130,6 +130,11 @@ impl Fence {
         fence
     }
 
+    /// Whether `other` is this very fence (a clone of it), not merely one for the same Lease.
+    pub fn same(&self, other: &Fence) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     /// Whether a write may pass now.
     pub fn is_open(&self) -> bool {
         match self.phase() {

@@ -91,6 +91,9 @@ pub const METRICS_ADDR: &str = "0.0.0.0:8080";
 /// The leader-election Lease in the host's namespace (`--lease-name`).
 pub const LEASE_NAME: &str = "wasmop-leader";
 
+/// Prefix of the shard Leases of a sharded host (`--shards`).
+pub const SHARD_LEASE_PREFIX: &str = "wasmop-shard";
+
 /// How long a leader's Lease is valid without renewal, in seconds
 /// (`--lease-duration-seconds`; controller-runtime's default).
 pub const LEASE_DURATION_SECONDS: u64 = 15;

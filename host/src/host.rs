@@ -33,12 +33,14 @@ use tokio::sync::watch;
 
 use crate::client::Fence;
 use crate::config;
-use crate::controller::{self, Supervisor};
+use crate::controller::{self, ShardedSupervisor, Supervisor};
 use crate::plugin::artifacts::ClusterArtifacts;
 use crate::plugin::{Loader, Registry, Status};
 use crate::sandbox::{Limits, Sandbox, SandboxConfig};
+use crate::shard::keeper::{Keeper, Sharding};
 use crate::telemetry::health::Health;
 use crate::telemetry::server;
+use crate::watch::Hub;
 
 /// Everything a [`Host`] is started with. `Default` holds the defaults of [`crate::config`].
 #[derive(Debug, Clone)]
@@ -63,6 +65,9 @@ pub struct HostConfig {
     pub metrics_addr: SocketAddr,
     /// Reconcile only while holding a Lease; `None` reconciles at once.
     pub leader_election: Option<LeaderElection>,
+    /// Share the parents with the other replicas, by namespace, a Lease per shard
+    /// ([`crate::shard`]); not with `leader_election`.
+    pub sharding: Option<Sharding>,
     /// This replica's name, for the Lease and as the Events' reporting instance.
     pub identity: String,
 }
@@ -79,6 +84,7 @@ impl Default for HostConfig {
             probe_addr: config::PROBE_ADDR.parse().expect("a socket address"),
             metrics_addr: config::METRICS_ADDR.parse().expect("a socket address"),
             leader_election: None,
+            sharding: None,
             identity: default_identity(),
         }
     }
@@ -124,6 +130,8 @@ pub struct Host {
     probes: TcpListener,
     // None when metrics share the probes' address.
     metrics: Option<TcpListener>,
+    // Takes and holds this replica's shards, when sharded.
+    keeper: Option<Keeper>,
 }
 
 impl Host {
@@ -158,6 +166,10 @@ impl Host {
             }
             None => Fence::unfenced(),
         };
+        anyhow::ensure!(
+            config.sharding.is_none() || config.leader_election.is_none(),
+            "sharding and leader election are exclusive: every sharded replica reconciles the shards it holds"
+        );
         let health = Health::default();
         let guarded = fence.guard(&client);
         let reporter = Reporter {
@@ -171,23 +183,61 @@ impl Host {
             config.watch_namespace.clone(),
             config.controller.resync,
         );
-        let supervisor = Supervisor::new(
-            guarded.clone(),
-            &config.namespace,
+        let hub = Hub::new(
+            client.clone(),
             config.watch_namespace.clone(),
-            reporter.clone(),
-            config.controller.clone(),
-            (health.clone(), fence.clone()),
+            health.clone(),
         );
+        let (supervisor, keeper): (Box<dyn crate::plugin::Supervise>, _) = match &config.sharding {
+            None => (
+                Box::new(Supervisor::new(
+                    guarded.clone(),
+                    &config.namespace,
+                    hub,
+                    reporter.clone(),
+                    config.controller.clone(),
+                    fence.clone(),
+                )),
+                None,
+            ),
+            Some(sharding) => {
+                anyhow::ensure!(
+                    (1..=crate::shard::MAX_SHARDS).contains(&sharding.shards),
+                    "--shards {} is out of range: 1 to {}",
+                    sharding.shards,
+                    crate::shard::MAX_SHARDS
+                );
+                let (keeper, held) = Keeper::new(
+                    client.clone(),
+                    &config.namespace,
+                    &config.identity,
+                    sharding.clone(),
+                );
+                let supervisor = ShardedSupervisor::new(
+                    client.clone(),
+                    &config.namespace,
+                    hub,
+                    reporter.clone(),
+                    config.controller.clone(),
+                    held,
+                );
+                (Box::new(supervisor), Some(keeper))
+            }
+        };
         let registry = Registry::new(
             guarded,
             config.namespace.clone(),
             config.limits,
             loader,
-            Box::new(supervisor),
+            supervisor,
             reporter,
             health.clone(),
         );
+        let registry = if keeper.is_some() {
+            registry.unstaged()
+        } else {
+            registry
+        };
         let probes = bind(config.probe_addr).await?;
         let metrics = if config.metrics_addr == config.probe_addr {
             None
@@ -202,6 +252,7 @@ impl Host {
             registry,
             probes,
             metrics,
+            keeper,
         })
     }
 
@@ -243,6 +294,7 @@ impl Host {
             registry,
             probes,
             metrics,
+            keeper,
         } = self;
         tracing::info!(version = env!("CARGO_PKG_VERSION"), namespace = %config.namespace, "wasmop host starting");
         let (ready_tx, ready_rx) = watch::channel(false);
@@ -254,13 +306,25 @@ impl Host {
             stop_tx.send_replace(true);
         });
         let reconcile = async {
-            match &config.leader_election {
-                None => {
+            match (&config.leader_election, keeper) {
+                (None, Some(keeper)) => {
+                    forward_readiness(registry.ready(), ready_tx);
+                    // The shards are given back only once their controllers have stopped.
+                    let (left_tx, left_rx) = tokio::sync::oneshot::channel::<()>();
+                    let keeping = tokio::spawn(keeper.run(async move {
+                        let _ = left_rx.await;
+                    }));
+                    registry.run(stopped(stop_rx)).await;
+                    let _ = left_tx.send(());
+                    keeping.await.context("the shard keeper task")?;
+                    Ok(())
+                }
+                (None, None) => {
                     forward_readiness(registry.ready(), ready_tx);
                     registry.run(stopped(stop_rx)).await;
                     Ok(())
                 }
-                Some(election) => {
+                (Some(election), _) => {
                     let leader = Leader {
                         client,
                         fence,

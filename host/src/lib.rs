@@ -22,12 +22,14 @@ mod host;
 pub mod kinds;
 pub mod plugin;
 pub mod sandbox;
+pub mod shard;
 pub mod status;
 pub mod telemetry;
 pub mod text;
 pub mod watch;
 
 pub use host::{Host, HostConfig, LeaderElection};
+pub use shard::keeper::Sharding;
 /// The plugin contract: wire types, the manifest, and the output rules ([`validate`]).
 pub use wasmop_contract as contract;
 pub use wasmop_contract::validate;

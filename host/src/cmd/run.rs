@@ -4,6 +4,9 @@
 //! With `--leader-elect`, replicas compete for a `coordination.k8s.io/v1` Lease (15 s
 //! validity, renewed after 10 s, as controller-runtime's defaults) and only the holder
 //! reconciles. A leader that loses its Lease exits rather than risk two writers.
+//!
+//! With `--shards N`, every replica reconciles: namespaces are cut into N shards, each held by
+//! one replica through a Lease of its own ([`crate::shard`]).
 
 use std::time::Duration;
 
@@ -12,7 +15,7 @@ use tracing_subscriber::EnvFilter;
 
 use crate::cli::{LogFormat, RunArgs};
 use crate::sandbox::{Compiler, Limits, SandboxConfig};
-use crate::{Host, HostConfig, LeaderElection, config, controller};
+use crate::{Host, HostConfig, LeaderElection, Sharding, config, controller};
 
 /// Where a pod finds its own namespace.
 const POD_NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
@@ -55,6 +58,11 @@ pub fn host_config(args: RunArgs) -> HostConfig {
         share_artifacts: !args.no_shared_artifacts,
         probe_addr: args.probe_addr,
         metrics_addr: args.metrics_addr,
+        sharding: args.shards.map(|shards| Sharding {
+            shards,
+            lease_prefix: args.shard_lease_prefix.clone(),
+            duration: Duration::from_secs(args.lease_duration_seconds.max(2)),
+        }),
         leader_election: args.leader_elect.then_some(LeaderElection {
             lease_name: args.lease_name,
             duration_seconds: args.lease_duration_seconds,
@@ -82,8 +90,11 @@ fn few_malloc_arenas() {
 
 fn init_logs(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // Colours only for a terminal: a log file or collector gets plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
@@ -145,6 +156,23 @@ mod tests {
         assert_eq!(config.metrics_addr, defaults.metrics_addr);
         assert_eq!(config.sandbox.memory_budget, defaults.sandbox.memory_budget);
         assert!(config.leader_election.is_none());
+        assert!(config.sharding.is_none());
+    }
+
+    #[test]
+    fn shards_reach_the_config() {
+        let sharding = host_config(parse(&["--shards", "6", "--lease-duration-seconds", "9"]))
+            .sharding
+            .expect("sharding");
+        assert_eq!(sharding.shards, 6);
+        assert_eq!(sharding.lease_prefix, config::SHARD_LEASE_PREFIX);
+        assert_eq!(sharding.duration, Duration::from_secs(9));
+        for bad in [&["--shards", "0"][..], &["--shards", "4", "--leader-elect"]] {
+            assert!(
+                Cli::try_parse_from(["wasmop", "run"].iter().chain(bad)).is_err(),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

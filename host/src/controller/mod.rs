@@ -16,6 +16,7 @@ pub mod queue;
 pub mod reconcile;
 pub mod related;
 pub mod release;
+pub mod shards;
 pub mod supervisor;
 
 use std::collections::{BTreeMap, HashMap};
@@ -42,6 +43,7 @@ use crate::text::truncate;
 use crate::watch::{Cache, Change, Hub, Missing, ObjKey, Object, Subscription};
 use queue::{Backoff, Queue, Reason};
 use related::RelatedIndex;
+pub use shards::ShardedSupervisor;
 pub use supervisor::Supervisor;
 
 /// How a controller schedules its work. One value serves every plugin of a host.

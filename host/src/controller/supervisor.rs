@@ -20,7 +20,6 @@ use crate::kinds::{Kinds, ResolvedKind, resolve_one};
 use crate::plugin::access;
 use crate::plugin::rollout::{PreviewReport, Report};
 use crate::plugin::{Activation, Canary, Loaded, Supervise};
-use crate::telemetry::health::Health;
 use crate::watch::Hub;
 
 /// A controller that ran this long since its last restart starts counting its deaths afresh.
@@ -43,21 +42,21 @@ pub struct Supervisor {
 }
 
 impl Supervisor {
-    /// Controllers over shared watches (in `watch_namespace` only, when set), whose failures
-    /// are reported to `health` and whose reconciles start only while `fence` is open.
+    /// Controllers over `hub`'s shared watches, writing through `client`, whose reconciles
+    /// start only while `fence` is open.
     pub fn new(
         client: Client,
         namespace: &str,
-        watch_namespace: Option<String>,
+        hub: Hub,
         reporter: Reporter,
         config: Config,
-        (health, fence): (Health, Fence),
+        fence: Fence,
     ) -> Self {
         Supervisor {
             ledger: Ledger::new(client.clone(), namespace),
-            hub: Hub::new(client.clone(), watch_namespace.clone(), health),
+            watch_namespace: hub.namespace().map(str::to_string),
+            hub,
             client,
-            watch_namespace,
             reporter,
             config,
             fence,

@@ -292,11 +292,18 @@ impl Revisions {
             data: RawExtension(data),
             revision: Some(number),
         };
-        let created = self
-            .api
-            .create(&PostParams::default(), &cr)
-            .await
-            .map_err(api_error(name.clone()))?;
+        let created = match self.api.create(&PostParams::default(), &cr).await {
+            Ok(created) => created,
+            // Another replica recorded the same version first (sharded hosts all load it).
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                let all = self.list(configmap).await?;
+                if let Some(found) = all.iter().find(|r| r.name == name) {
+                    return Ok((found.clone(), all));
+                }
+                return Err(api_error(name)(kube::Error::Api(s)));
+            }
+            Err(e) => return Err(api_error(name)(e)),
+        };
         let revision = Revision::from_object(&created);
         all.push(revision.clone());
         Ok((revision, all))

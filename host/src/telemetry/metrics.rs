@@ -103,6 +103,8 @@ pub struct CacheLabels {
     pub kind: String,
     /// `full`, or `metadata` for a metadata-only watch.
     pub body: &'static str,
+    /// The shard watched (`2/3`), empty when the host does not shard.
+    pub shard: String,
 }
 
 /// Every metric of the host.

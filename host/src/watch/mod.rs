@@ -10,11 +10,16 @@
 //!
 //! Related kinds marked metadata-only are watched as `PartialObjectMetadata`: the cache then
 //! holds only `apiVersion`, `kind` and `metadata`. A kind watched both ways gets two watches.
+//!
+//! A hub of one [`Shard`] ([`Hub::sharded`]) asks the API server for that shard's objects only
+//! (`shardSelector`) and drops any other it is sent, so it works the same on a server without
+//! sharded watches; it says once in the log that the server sent objects of other shards.
 
 pub mod cache;
 pub mod object;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use tokio::time::Instant;
@@ -28,6 +33,7 @@ use tokio::sync::{mpsc, watch};
 pub use cache::{Cache, ObjKey, controller_uid};
 pub use object::{Full, Labels, MetaOnly, Object};
 
+use crate::shard::Shard;
 use crate::telemetry::health::Health;
 use crate::telemetry::metrics::{CacheLabels, metrics};
 
@@ -58,6 +64,8 @@ pub struct WatchKey {
     pub namespace: Option<String>,
     /// Watch metadata only.
     pub metadata_only: bool,
+    /// Watch this shard's objects only.
+    pub shard: Option<Shard>,
 }
 
 impl std::fmt::Display for WatchKey {
@@ -69,6 +77,9 @@ impl std::fmt::Display for WatchKey {
         }
         if self.metadata_only {
             f.write_str(" (metadata)")?;
+        }
+        if let Some(shard) = &self.shard {
+            write!(f, " (shard {shard})")?;
         }
         Ok(())
     }
@@ -82,6 +93,9 @@ pub struct Hub {
     namespace: Option<String>,
     watches: Arc<Mutex<HashMap<WatchKey, Weak<SharedWatch>>>>,
     health: Health,
+    shard: Option<Shard>,
+    // Set once the server was seen sending objects of other shards.
+    unsharded_server: Arc<AtomicBool>,
 }
 
 struct SharedWatch {
@@ -167,7 +181,25 @@ impl Hub {
             namespace,
             watches: Arc::default(),
             health,
+            shard: None,
+            unsharded_server: Arc::default(),
         }
+    }
+
+    /// This hub, watching only the objects of `shard`: its lists and watches carry the
+    /// shard's `shardSelector`, and what the server sends of other shards is dropped.
+    pub fn sharded(self, shard: Shard) -> Hub {
+        Hub {
+            client: with_shard_selector(&self.client, &shard),
+            shard: Some(shard),
+            watches: Arc::default(),
+            ..self
+        }
+    }
+
+    /// The namespace watched, `None` for all.
+    pub fn namespace(&self) -> Option<&str> {
+        self.namespace.as_deref()
     }
 
     /// Number of watches running now.
@@ -191,6 +223,7 @@ impl Hub {
                 None
             },
             metadata_only,
+            shard: self.shard,
         };
         let mut map = self.watches.lock().expect("hub lock");
         map.retain(|_, w| w.strong_count() > 0);
@@ -235,6 +268,7 @@ impl Hub {
                 weak.clone(),
                 synced_tx,
                 (self.health.clone(), missing.clone()),
+                self.unsharded_server.clone(),
             ));
             SharedWatch {
                 key,
@@ -281,6 +315,7 @@ async fn run_watch(
     me: Weak<SharedWatch>,
     synced: watch::Sender<bool>,
     (health, missing): (Health, Missing),
+    unsharded_server: Arc<AtomicBool>,
 ) {
     let kind = key.resource.kind.clone();
     let name = key.to_string();
@@ -319,7 +354,29 @@ async fn run_watch(
         m.cache_objects.get_or_create_owned(&labels),
         m.cache_bytes.get_or_create_owned(&labels),
     );
+    // Objects of other shards, which a server without sharded watches sends, go no further.
+    let mine = |obj: &Object| {
+        let Some(shard) = &key.shard else { return true };
+        if shard.holds(obj.namespace().unwrap_or("")) {
+            return true;
+        }
+        if !unsharded_server.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                shard = %shard,
+                "the API server sent objects of other shards: it does not shard lists and watches (feature gate ShardedListAndWatch); filtering them here instead"
+            );
+        }
+        false
+    };
     while let Some(event) = events.next().await {
+        let event = match event {
+            Ok(
+                watcher::Event::InitApply(o) | watcher::Event::Apply(o) | watcher::Event::Delete(o),
+            ) if !mine(&o) => {
+                continue;
+            }
+            other => other,
+        };
         match &event {
             Ok(_) => {
                 health.watch_ok(&name);
@@ -366,6 +423,7 @@ async fn run_watch(
 
 fn cache_labels(key: &WatchKey) -> CacheLabels {
     CacheLabels {
+        shard: key.shard.map(|s| s.to_string()).unwrap_or_default(),
         kind: wasmop_contract::wire::kind_key(&key.resource.api_version, &key.resource.kind),
         body: if key.metadata_only {
             "metadata"
@@ -414,5 +472,57 @@ fn unwrap<K>(event: watcher::Event<K>, object: impl Fn(K) -> Object) -> watcher:
         watcher::Event::InitApply(o) => watcher::Event::InitApply(object(o)),
         watcher::Event::Apply(o) => watcher::Event::Apply(object(o)),
         watcher::Event::Delete(o) => watcher::Event::Delete(object(o)),
+    }
+}
+
+/// `client`, adding `shard`'s `shardSelector` to every request (a hub's client only lists and
+/// watches).
+fn with_shard_selector(client: &Client, shard: &Shard) -> Client {
+    let param = format!(
+        "{}={}",
+        crate::shard::QUERY_PARAM,
+        percent_encode(&shard.selector())
+    );
+    let inner = client.clone();
+    let service = tower::service_fn(move |mut request: http::Request<kube::client::Body>| {
+        let inner = inner.clone();
+        let uri = request.uri();
+        let with = match uri.path_and_query().and_then(|pq| pq.query()) {
+            Some(q) if !q.is_empty() => format!("{}?{q}&{param}", uri.path()),
+            _ => format!("{}?{param}", uri.path()),
+        };
+        let mut parts = uri.clone().into_parts();
+        parts.path_and_query = with.parse().ok().or(parts.path_and_query);
+        if let Ok(uri) = http::Uri::from_parts(parts) {
+            *request.uri_mut() = uri;
+        }
+        async move { inner.send(request).await }
+    });
+    Client::new(service, client.default_namespace())
+}
+
+/// Every byte but the URI's unreserved ones as `%XX`.
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() * 2);
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selectors_are_percent_encoded() {
+        assert_eq!(
+            percent_encode("shardRange(object.metadata.namespace,'0x0','0x1')"),
+            "shardRange%28object.metadata.namespace%2C%270x0%27%2C%270x1%27%29"
+        );
     }
 }

@@ -90,6 +90,11 @@ pub enum Activation {
 /// Runs the plugins the registry loads: one controller each. Implemented by the controller
 /// stage, so loading never reaches into reconciling.
 pub trait Supervise: Send {
+    /// Catches up with what changed beside the registry (a sharded host's shards taken or
+    /// lost); called every second.
+    fn rebalance(&mut self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
     /// Runs `loaded` for `configmap`, replacing what runs for it, if anything.
     fn run(&mut self, configmap: &str, loaded: Loaded, kinds: Kinds) -> BoxFuture<'_, Activation>;
     /// Stops what runs for `configmap`, after its reconciles in flight (the host is shutting
@@ -203,6 +208,9 @@ pub struct Registry {
     // The last number given to a slot's source.
     last_seq: u64,
     revisions: Revisions,
+    // Replicas share the parents (sharding): no replica sees them all, so none can judge a
+    // canary or preview; every version goes live at once.
+    unstaged: bool,
 }
 
 impl Registry {
@@ -236,7 +244,15 @@ impl Registry {
             health,
             last_seq: 0,
             revisions: Revisions::new(client_for_revisions, &namespace_for_revisions),
+            unstaged: false,
         }
+    }
+
+    /// Makes every version live at once, whatever its ConfigMap's rollout asks (a sharded
+    /// host: no replica sees every parent to judge a canary by).
+    pub fn unstaged(mut self) -> Self {
+        self.unstaged = true;
+        self
     }
 
     /// The state of every plugin, updated as it changes.
@@ -268,6 +284,7 @@ impl Registry {
                 _ = &mut shutdown => break,
                 _ = tick.tick() => {
                     self.health.beat();
+                    self.supervisor.rebalance().await;
                     for (configmap, how) in self.supervisor.revive() {
                         tracing::error!(configmap, "the plugin's controller stopped by itself ({how}); restarted it");
                     }
@@ -490,7 +507,16 @@ impl Registry {
             Err(e) => return self.unrecorded(configmap, loaded, kinds, &rollout, e).await,
         };
         let live = all.iter().rev().find(|r| r.phase == Phase::Live).cloned();
-        match rollout::plan(&this, live.as_ref(), &rollout) {
+        let mut plan = rollout::plan(&this, live.as_ref(), &rollout);
+        if self.unstaged && matches!(plan, Plan::Canary { .. } | Plan::Preview) {
+            tracing::warn!(
+                configmap,
+                "staged rollouts need one host that sees every parent; this host is sharded, so revision {} goes live at once",
+                this.number
+            );
+            plan = Plan::Run;
+        }
+        match plan {
             Plan::Run => {
                 self.go_live(configmap, loaded, kinds, this, &all, &rollout, None)
                     .await

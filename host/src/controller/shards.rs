@@ -1,0 +1,201 @@
+//! One [`Supervisor`] per shard this replica holds, each over a hub of that shard's objects
+//! and writing through that shard's fence.
+//!
+//! The registry sees one [`Supervise`]: what it asks is done on every shard held, and
+//! remembered, so that a shard taken later starts every plugin (and canary route) at once.
+//! A shard lost is stopped after its reconciles in flight, which its fence, already shut,
+//! keeps from writing.
+
+use std::collections::{BTreeMap, HashMap};
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use kube::Client;
+use kube::runtime::events::Reporter;
+use tokio::sync::watch;
+
+use super::{Config, Supervisor};
+use crate::client::Fence;
+use crate::kinds::Kinds;
+use crate::plugin::rollout::{PreviewReport, Report};
+use crate::plugin::{Activation, Canary, Loaded, Supervise};
+use crate::shard::Shard;
+use crate::shard::keeper::Held;
+use crate::watch::Hub;
+
+/// The controllers of a sharded host.
+pub struct ShardedSupervisor {
+    client: Client,
+    namespace: String,
+    hub: Hub,
+    reporter: Reporter,
+    config: Config,
+    held: watch::Receiver<Held>,
+    active: BTreeMap<Shard, (Fence, Supervisor)>,
+    // What the registry runs, to start on shards taken later.
+    plugins: BTreeMap<String, (Loaded, Kinds)>,
+    routes: HashMap<String, Canary>,
+}
+
+impl ShardedSupervisor {
+    /// Controllers for the shards in `held` as it changes, each over `hub` narrowed to its
+    /// shard.
+    pub fn new(
+        client: Client,
+        namespace: &str,
+        hub: Hub,
+        reporter: Reporter,
+        config: Config,
+        held: watch::Receiver<Held>,
+    ) -> Self {
+        ShardedSupervisor {
+            client,
+            namespace: namespace.to_string(),
+            hub,
+            reporter,
+            config,
+            held,
+            active: BTreeMap::new(),
+            plugins: BTreeMap::new(),
+            routes: HashMap::new(),
+        }
+    }
+
+    fn each(&mut self) -> impl Iterator<Item = &mut Supervisor> {
+        self.active.values_mut().map(|(_, s)| s)
+    }
+}
+
+impl Supervise for ShardedSupervisor {
+    fn rebalance(&mut self) -> BoxFuture<'_, ()> {
+        async move {
+            let want = self.held.borrow_and_update().clone();
+            let lost: Vec<Shard> = self
+                .active
+                .iter()
+                .filter(|(s, (f, _))| !want.get(s).is_some_and(|w| w.same(f)))
+                .map(|(s, _)| *s)
+                .collect();
+            for shard in lost {
+                let (_, mut supervisor) = self.active.remove(&shard).expect("listed above");
+                for configmap in self.plugins.keys() {
+                    supervisor.stop(configmap).await;
+                }
+                tracing::info!(shard = %shard, "stopped reconciling the shard");
+            }
+            for (shard, fence) in want {
+                if self.active.contains_key(&shard) {
+                    continue;
+                }
+                let mut supervisor = Supervisor::new(
+                    fence.guard(&self.client),
+                    &self.namespace,
+                    self.hub.clone().sharded(shard),
+                    self.reporter.clone(),
+                    self.config.clone(),
+                    fence.clone(),
+                );
+                for (configmap, (loaded, kinds)) in &self.plugins {
+                    supervisor
+                        .run(configmap, loaded.clone(), kinds.clone())
+                        .await;
+                    if let Some(canary) = self.routes.get(configmap) {
+                        supervisor.route(configmap, Some(canary.clone())).await;
+                    }
+                }
+                tracing::info!(shard = %shard, plugins = self.plugins.len(), "reconciling the shard");
+                self.active.insert(shard, (fence, supervisor));
+            }
+        }
+        .boxed()
+    }
+
+    fn run(&mut self, configmap: &str, loaded: Loaded, kinds: Kinds) -> BoxFuture<'_, Activation> {
+        let configmap = configmap.to_string();
+        async move {
+            let activation = match self.plugins.get(&configmap) {
+                None => Activation::Started,
+                Some((_, was)) if was.same_watches(&kinds) => Activation::Swapped,
+                Some(_) => Activation::Restarted,
+            };
+            self.plugins
+                .insert(configmap.clone(), (loaded.clone(), kinds.clone()));
+            for supervisor in self.each() {
+                supervisor
+                    .run(&configmap, loaded.clone(), kinds.clone())
+                    .await;
+            }
+            activation
+        }
+        .boxed()
+    }
+
+    fn stop<'a>(&'a mut self, configmap: &'a str) -> BoxFuture<'a, ()> {
+        async move {
+            self.plugins.remove(configmap);
+            self.routes.remove(configmap);
+            for supervisor in self.each() {
+                supervisor.stop(configmap).await;
+            }
+        }
+        .boxed()
+    }
+
+    fn retire<'a>(&'a mut self, configmap: &'a str) -> BoxFuture<'a, ()> {
+        async move {
+            self.plugins.remove(configmap);
+            self.routes.remove(configmap);
+            for supervisor in self.each() {
+                supervisor.retire(configmap).await;
+            }
+        }
+        .boxed()
+    }
+
+    fn vanished(&self) -> Vec<(String, Vec<String>)> {
+        let mut all: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (_, supervisor) in self.active.values() {
+            for (configmap, kinds) in supervisor.vanished() {
+                let entry = all.entry(configmap).or_default();
+                entry.extend(kinds);
+                entry.sort();
+                entry.dedup();
+            }
+        }
+        all.into_iter().collect()
+    }
+
+    fn revive(&mut self) -> Vec<(String, String)> {
+        self.each().flat_map(|s| s.revive()).collect()
+    }
+
+    fn is_synced(&self, configmap: &str) -> bool {
+        self.active.values().all(|(_, s)| s.is_synced(configmap))
+    }
+
+    fn route<'a>(&'a mut self, configmap: &'a str, canary: Option<Canary>) -> BoxFuture<'a, ()> {
+        async move {
+            match &canary {
+                Some(c) => self.routes.insert(configmap.to_string(), c.clone()),
+                None => self.routes.remove(configmap),
+            };
+            for supervisor in self.each() {
+                supervisor.route(configmap, canary.clone()).await;
+            }
+        }
+        .boxed()
+    }
+
+    fn canary_report(&self, configmap: &str) -> Option<Report> {
+        // Rollouts are not staged on a sharded host (the registry makes every version live).
+        self.active
+            .values()
+            .find_map(|(_, s)| s.canary_report(configmap))
+    }
+
+    fn preview_report(&self, configmap: &str) -> Option<PreviewReport> {
+        self.active
+            .values()
+            .find_map(|(_, s)| s.preview_report(configmap))
+    }
+}
