@@ -259,7 +259,19 @@ impl Host {
     /// Starts `wasmop run` with its plugins in `namespace`, reconciling only in `watch`, with
     /// `extra` arguments.
     pub fn start_in(kubeconfig: &Path, namespace: &str, watch: &str, extra: &[&str]) -> Host {
-        Host::launch(kubeconfig, namespace, watch, extra, &[])
+        Host::launch(kubeconfig, namespace, Some(watch), extra, &[])
+    }
+
+    /// Starts `wasmop run` as the pod `pod`, reconciling in every namespace (a sharded
+    /// replica), with `extra` arguments. (The `shards` test binary's.)
+    #[allow(dead_code)]
+    pub fn start_everywhere_as(
+        kubeconfig: &Path,
+        namespace: &str,
+        pod: &str,
+        extra: &[&str],
+    ) -> Host {
+        Host::launch(kubeconfig, namespace, None, extra, &[("POD_NAME", pod)])
     }
 
     /// Starts `wasmop run` as the pod `pod` (`POD_NAME`, its Lease identity), with `extra`
@@ -268,7 +280,7 @@ impl Host {
         Host::launch(
             kubeconfig,
             namespace,
-            namespace,
+            Some(namespace),
             extra,
             &[("POD_NAME", pod)],
         )
@@ -276,22 +288,26 @@ impl Host {
 
     /// Starts `wasmop run` with these environment variables.
     pub fn start_with_env(kubeconfig: &Path, namespace: &str, envs: &[(&str, &str)]) -> Host {
-        Host::launch(kubeconfig, namespace, namespace, &[], envs)
+        Host::launch(kubeconfig, namespace, Some(namespace), &[], envs)
     }
 
     fn launch(
         kubeconfig: &Path,
         namespace: &str,
-        watch: &str,
+        watch: Option<&str>,
         extra: &[&str],
         envs: &[(&str, &str)],
     ) -> Host {
         let dir = test_artifacts::workspace_root().join("target/e2e-logs");
         std::fs::create_dir_all(&dir).unwrap();
-        let log = dir.join(format!("{watch}-{}.log", nanos()));
+        let log = dir.join(format!("{}-{}.log", watch.unwrap_or(namespace), nanos()));
         let file = std::fs::File::create(&log).unwrap();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_wasmop"));
-        cmd.args(["run", "--namespace", namespace, "--watch-namespace", watch])
+        cmd.args(["run", "--namespace", namespace]);
+        if let Some(watch) = watch {
+            cmd.args(["--watch-namespace", watch]);
+        }
+        cmd
             // Hosts run side by side: let each pick free ports.
             .args([
                 "--probe-addr",

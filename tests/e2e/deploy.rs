@@ -176,6 +176,35 @@ async fn kustomize_install_runs_memcached_with_least_privilege() {
         .await
         .unwrap();
     let _ = kubectl(&["delete", "--ignore-not-found", "-f", file.to_str().unwrap()]);
+
+    // 7. The sharded variant (deploy/sharded/, turned on as its comment says): three replicas
+    //    with `--shards`, and the Lease rights a replica needs, which are enough for one.
+    let kustomization = tree.join("kustomization.yaml");
+    let text = std::fs::read_to_string(&kustomization).unwrap();
+    let on = text.replace("# components:\n#   - sharded", "components:\n  - sharded");
+    assert_ne!(
+        on, text,
+        "deploy/kustomization.yaml names the sharded component"
+    );
+    std::fs::write(&kustomization, on).unwrap();
+    kubectl(&["apply", "--server-side", "-k", tree.to_str().unwrap()]);
+    let deployed = deployments.get("wasmop").await.unwrap();
+    let spec = deployed.spec;
+    assert_eq!(spec.replicas, Some(3));
+    let args = spec.template.spec.unwrap().containers[0]
+        .args
+        .clone()
+        .unwrap();
+    assert_eq!(args, ["run", "--shards", "12"]);
+    assert!(host.terminate().success());
+    let sharded = Host::start_in(&kubeconfig, SYSTEM, env.name(), &["--shards", "12"]);
+    env.put_memcached("cache", 1).await;
+    env.wait_replicas("cache", 1).await;
+    env.wait_nodes("cache", 1).await;
+    let logs = sharded.logs();
+    assert!(logs.contains("took the shard"), "{logs}");
+    assert!(!logs.to_lowercase().contains("forbidden"), "{logs}");
+    assert!(sharded.terminate().success());
 }
 
 /// Runs a command to completion; panics with its output when it fails.

@@ -1,0 +1,552 @@
+//! Sharding across host replicas (`wasmop run --shards`): real `wasmop` processes against a
+//! plane with the API server's sharded lists and watches (`ShardedListAndWatch`) and, for
+//! the client-side fallback, against the shared plane without them.
+//!
+//! The replicas reconcile in every namespace, so this binary has planes of its own.
+
+#[path = "../e2e/common.rs"]
+#[allow(dead_code)]
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Client;
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
+use serde_json::{Value, json};
+use testenv::TestNamespace;
+use wasmop::shard::Shard;
+use wasmop::shard::keeper::{GROUP_LABEL, ROLE_LABEL};
+
+use common::{Host, http_get, install_crds, memcached_resource};
+
+/// Converging hundreds of parents on two shared cores.
+const CONVERGE: Duration = Duration::from_secs(600);
+/// Shard Leases in these tests: short, so a dead replica's shards move quickly.
+const LEASE_SECONDS: &str = "6";
+
+/// A host namespace with the Memcached plugin, and namespaces for parents.
+struct World {
+    client: Client,
+    host_ns: TestNamespace,
+    namespaces: Vec<TestNamespace>,
+}
+
+impl World {
+    async fn new(client: Client, label: &str, namespaces: usize) -> World {
+        install_crds(&client).await;
+        let host_ns = testenv::namespace(&client, &format!("{label}-host"))
+            .await
+            .expect("host namespace");
+        let wasm = test_artifacts::read(test_artifacts::MEMCACHED);
+        let plugin = {
+            let wasm = wasm.clone();
+            tokio::task::spawn_blocking(move || wasmop::cmd::probe(&wasm))
+                .await
+                .unwrap()
+                .expect("the plugin loads")
+        };
+        // Cluster-wide rights: the replicas reconcile in every namespace.
+        let options = wasmop::cmd::rbac::Options {
+            configmap: Some("memcached".into()),
+            name: Some(format!("wasmop-plugin-{}", host_ns.name())),
+            namespace: host_ns.name().to_string(),
+            service_account: "wasmop".into(),
+            watch_namespace: None,
+            plurals: Vec::new(),
+        };
+        let rbac = wasmop::cmd::rbac::objects(plugin.manifest(), &options).expect("rbac");
+        testenv::apply_objects(&client, rbac, "shards")
+            .await
+            .expect("the plugin's RBAC");
+        let cm = wasmop::cmd::package::package(&wasm, "memcached", host_ns.name(), None)
+            .expect("a plugin ConfigMap")
+            .configmap;
+        host_ns
+            .api::<ConfigMap>()
+            .patch(
+                "memcached",
+                &PatchParams::apply("shards"),
+                &Patch::Apply(&cm),
+            )
+            .await
+            .expect("the plugin ConfigMap");
+        let mut world = World {
+            client,
+            host_ns,
+            namespaces: Vec::new(),
+        };
+        world.add_namespaces(label, namespaces).await;
+        world
+    }
+
+    async fn add_namespaces(&mut self, label: &str, n: usize) {
+        for _ in 0..n {
+            let ns = testenv::namespace(&self.client, label)
+                .await
+                .expect("namespace");
+            self.namespaces.push(ns);
+        }
+    }
+
+    fn host(&self, pod: &str, kubeconfig: &Path, extra: &[&str]) -> Host {
+        Host::start_everywhere_as(kubeconfig, self.host_ns.name(), pod, extra)
+    }
+
+    /// `n` Memcacheds of size 0 spread over `namespaces`: `(namespace, name)`.
+    async fn put_parents(&self, namespaces: &[TestNamespace], n: usize) -> Vec<(String, String)> {
+        let parents: Vec<(String, String)> = (0..n)
+            .map(|i| {
+                let ns = namespaces[i % namespaces.len()].name().to_string();
+                (ns, format!("m-{i}"))
+            })
+            .collect();
+        futures::stream::iter(parents.clone())
+            .for_each_concurrent(16, |(ns, name)| {
+                let client = self.client.clone();
+                async move { put_memcached(&client, &ns, &name, 0).await }
+            })
+            .await;
+        parents
+    }
+
+    /// The Leases of this world's shards: index → holder.
+    async fn holders(&self) -> BTreeMap<u32, String> {
+        let leases: Api<Lease> = self.host_ns.api();
+        let list = leases
+            .list(&ListParams::default().labels(&format!("{ROLE_LABEL}=shard")))
+            .await
+            .expect("shard Leases");
+        list.items
+            .iter()
+            .filter(|l| {
+                l.metadata
+                    .labels
+                    .as_ref()
+                    .is_some_and(|m| m.contains_key(GROUP_LABEL))
+            })
+            .filter_map(|l| {
+                let name = l.metadata.name.as_deref()?;
+                let index = name
+                    .strip_prefix("wasmop-shard-")?
+                    .split('-')
+                    .next()?
+                    .parse()
+                    .ok()?;
+                let holder = l.spec.as_ref()?.holder_identity.clone()?;
+                Some((index, holder))
+            })
+            .collect()
+    }
+}
+
+async fn put_memcached(client: &Client, ns: &str, name: &str, size: i64) {
+    let api = Api::<DynamicObject>::namespaced_with(client.clone(), ns, &memcached_resource());
+    let obj = json!({
+        "apiVersion": "cache.example.com/v1alpha1",
+        "kind": "Memcached",
+        "metadata": {"name": name},
+        "spec": {"size": size},
+    });
+    api.patch(
+        name,
+        &PatchParams::apply("shards").force(),
+        &Patch::Apply(&obj),
+    )
+    .await
+    .expect("apply Memcached");
+}
+
+/// Whether a parent's last status was written for its current spec.
+fn converged(obj: &DynamicObject) -> bool {
+    let generation = obj.metadata.generation.unwrap_or(-1);
+    obj.data["status"]["conditions"]
+        .as_array()
+        .is_some_and(|c| c.iter().any(|c| c["observedGeneration"] == generation))
+}
+
+/// Waits until every one of `parents` has a status for its spec and a Deployment.
+async fn wait_converged(client: &Client, parents: &[(String, String)]) -> Duration {
+    let started = Instant::now();
+    let wanted: BTreeSet<(String, String)> = parents.iter().cloned().collect();
+    let namespaces: BTreeSet<&str> = parents.iter().map(|(ns, _)| ns.as_str()).collect();
+    let memcacheds = Api::<DynamicObject>::all_with(client.clone(), &memcached_resource());
+    let deployments: Api<Deployment> = Api::all(client.clone());
+    testenv::wait_for(
+        &format!("{} parents to converge", parents.len()),
+        CONVERGE,
+        || async {
+            let done: BTreeSet<(String, String)> = memcacheds
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?
+                .items
+                .iter()
+                .filter(|o| converged(o))
+                .map(|o| {
+                    (
+                        o.metadata.namespace.clone().unwrap(),
+                        o.metadata.name.clone().unwrap(),
+                    )
+                })
+                .collect();
+            let with_child = deployments
+                .list_metadata(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?
+                .items
+                .iter()
+                .filter(|d| namespaces.contains(d.metadata.namespace.as_deref().unwrap_or("")))
+                .count();
+            let left = wanted.difference(&done).count();
+            Ok::<_, String>((left == 0 && with_child >= wanted.len()).then_some(()))
+        },
+    )
+    .await
+    .expect("every parent converges");
+    started.elapsed()
+}
+
+/// Namespaces a host's log shows reconciles in.
+fn reconciled_namespaces(log: &str) -> BTreeSet<String> {
+    log.lines()
+        .filter_map(|l| l.split("reconcile{").nth(1))
+        .filter_map(|rest| rest.split("namespace=").nth(1))
+        .map(|rest| {
+            rest.split([' ', '}'])
+                .next()
+                .unwrap_or("")
+                .trim_matches('"')
+                .to_string()
+        })
+        .collect()
+}
+
+/// The sum of a metric's samples whose labels contain every one of `with`.
+fn metric(text: &str, name: &str, with: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .filter(|l| with.iter().all(|w| l.contains(w)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+async fn scrape(host: &Host) -> String {
+    let addr = host.http_addr().await;
+    http_get(&addr, "/metrics").await.1
+}
+
+/// Parents of `parents` whose namespace is in one of `shards`.
+fn parents_in(parents: &[(String, String)], shards: &[Shard]) -> usize {
+    parents
+        .iter()
+        .filter(|(ns, _)| shards.iter().any(|s| s.holds(ns)))
+        .count()
+}
+
+fn shards_of(holders: &BTreeMap<u32, String>, who: &str, count: u32) -> Vec<Shard> {
+    holders
+        .iter()
+        .filter(|(_, h)| *h == who)
+        .filter_map(|(i, _)| Shard::new(*i, count))
+        .collect()
+}
+
+/// Waits until each of `pods` holds a shard, nothing else does, and all `count` are held.
+async fn wait_balanced(world: &World, pods: &[&str], count: u32) -> BTreeMap<u32, String> {
+    testenv::wait_for(
+        "the replicas to share the shards",
+        common::TIMEOUT,
+        || async {
+            let holders = world.holders().await;
+            let held = |p: &&str| holders.values().filter(|h| h == p).count();
+            let (most, least) = (pods.iter().map(held).max(), pods.iter().map(held).min());
+            let all_held = holders.len() == count as usize;
+            let even = most.zip(least).is_some_and(|(m, l)| l > 0 && m - l <= 1);
+            let only = holders.values().all(|h| pods.contains(&h.as_str()));
+            Ok::<_, String>((all_held && even && only).then_some(holders))
+        },
+    )
+    .await
+    .expect("balanced shards")
+}
+
+/// The API server filters lists by shard exactly as `Shard::holds` computes.
+async fn server_shards_as_the_host_does(client: &Client, parents: &[(String, String)], count: u32) {
+    let mut seen = 0;
+    for shard in Shard::all(count) {
+        let query = format!(
+            "/apis/cache.example.com/v1alpha1/memcacheds?shardSelector={}",
+            shard
+                .selector()
+                .bytes()
+                .map(|b| if b.is_ascii_alphanumeric() {
+                    (b as char).to_string()
+                } else {
+                    format!("%{b:02X}")
+                })
+                .collect::<String>()
+        );
+        let request = http::Request::get(query).body(Vec::new()).unwrap();
+        let list: Value = client.request(request).await.expect("a sharded list");
+        let items = list["items"].as_array().unwrap();
+        for item in items {
+            let ns = item["metadata"]["namespace"].as_str().unwrap();
+            assert!(shard.holds(ns), "the server put {ns} in shard {shard}");
+        }
+        assert_eq!(items.len(), parents_in(parents, &[shard]), "shard {shard}");
+        seen += items.len();
+    }
+    assert_eq!(seen, parents.len(), "every parent in exactly one shard");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn three_replicas_share_the_parents_and_take_over_a_dead_ones_shards() {
+    let plane = testenv::TestEnv::start_with_feature_gates(&["ShardedListAndWatch=true"])
+        .await
+        .expect("a plane with sharded watches");
+    let client = plane.client().await.expect("client");
+    let kubeconfig = plane.kubeconfig_path().to_path_buf();
+    let world = World::new(client.clone(), "sh", 30).await;
+
+    let args = ["--shards", "3", "--lease-duration-seconds", LEASE_SECONDS];
+    let pods = ["wasmop-0", "wasmop-1", "wasmop-2"];
+    let mut hosts: Vec<Option<Host>> = pods
+        .iter()
+        .map(|p| Some(world.host(p, &kubeconfig, &args)))
+        .collect();
+    let holders = wait_balanced(&world, &pods, 3).await;
+
+    let parents = world.put_parents(&world.namespaces, 1000).await;
+    server_shards_as_the_host_does(&client, &parents, 3).await;
+    let took = wait_converged(&client, &parents).await;
+    println!("measured: 1000 parents in 30 namespaces converged on 3 replicas in {took:.1?}");
+
+    // Each replica caches its own shard's parents, and only reconciles in its namespaces.
+    let mut writes = 0.0;
+    let mut reconciled: Vec<BTreeSet<String>> = Vec::new();
+    for (pod, host) in pods.iter().zip(&hosts) {
+        let host = host.as_ref().unwrap();
+        let metrics = scrape(host).await;
+        let mine = shards_of(&holders, pod, 3);
+        let cached = metric(&metrics, "wasmop_cache_objects", &["kind=\"Memcached."]);
+        println!(
+            "measured: {pod} holds shards {mine:?}: {cached} of {} parents cached",
+            parents.len()
+        );
+        assert_eq!(
+            cached as usize,
+            parents_in(&parents, &mine),
+            "{pod}\n{}",
+            host.logs()
+        );
+        assert!(
+            !host.logs().contains("does not shard lists and watches"),
+            "the server shards: nothing to filter"
+        );
+        writes += metric(&metrics, "wasmop_api_writes_total", &["result=\"sent\""]);
+        let namespaces = reconciled_namespaces(&host.logs());
+        assert!(
+            namespaces.iter().all(|ns| mine.iter().any(|s| s.holds(ns))),
+            "{pod} reconciled outside its shards: {namespaces:?}"
+        );
+        reconciled.push(namespaces);
+    }
+    for (i, a) in reconciled.iter().enumerate() {
+        for b in &reconciled[i + 1..] {
+            assert!(a.is_disjoint(b), "two replicas reconciled one namespace");
+        }
+    }
+    println!(
+        "measured: {:.2} writes per parent across the replicas",
+        writes / parents.len() as f64
+    );
+
+    // SIGKILL one: its Lease expires, another takes its shard and reconciles what changes.
+    let dead = shards_of(&holders, pods[0], 3);
+    let killed = Instant::now();
+    hosts[0].take().unwrap().kill();
+    let after = testenv::wait_for(
+        "the dead replica's shard to move",
+        common::TIMEOUT,
+        || async {
+            let holders = world.holders().await;
+            let moved = dead
+                .iter()
+                .all(|s| holders.get(&s.index()).is_some_and(|h| h != pods[0]));
+            Ok::<_, String>(moved.then_some(holders))
+        },
+    )
+    .await
+    .expect("the shard moved");
+    println!(
+        "measured: a dead replica's shards held by another {:.1?} after SIGKILL",
+        killed.elapsed()
+    );
+    let orphans: Vec<(String, String)> = parents
+        .iter()
+        .filter(|(ns, _)| dead.iter().any(|s| s.holds(ns)))
+        .take(20)
+        .cloned()
+        .collect();
+    assert!(!orphans.is_empty(), "the dead replica held parents");
+    for (ns, name) in &orphans {
+        put_memcached(&client, ns, name, 1).await;
+    }
+    wait_converged(&client, &orphans).await;
+    println!(
+        "measured: the dead replica's parents reconciled by another {:.1?} after SIGKILL",
+        killed.elapsed()
+    );
+    let survivors: Vec<BTreeSet<String>> = hosts[1..]
+        .iter()
+        .map(|h| reconciled_namespaces(&h.as_ref().unwrap().logs()))
+        .collect();
+    assert!(
+        survivors[0].is_disjoint(&survivors[1]),
+        "two replicas reconciled one namespace"
+    );
+    for (ns, _) in &orphans {
+        assert!(
+            survivors.iter().any(|s| s.contains(ns)),
+            "nobody reconciled {ns}"
+        );
+    }
+    for (pod, host) in pods[1..].iter().zip(&hosts[1..]) {
+        let mine = shards_of(&after, pod, 3);
+        let metrics = scrape(host.as_ref().unwrap()).await;
+        let cached = metric(&metrics, "wasmop_cache_objects", &["kind=\"Memcached."]);
+        assert_eq!(
+            cached as usize,
+            parents_in(&parents, &mine),
+            "{pod} after the failover"
+        );
+    }
+
+    // A replica joins: the one holding two shards gives one back, and the newcomer takes it.
+    hosts.push(Some(world.host("wasmop-3", &kubeconfig, &args)));
+    let joined = wait_balanced(
+        &world,
+        &pods[1..]
+            .iter()
+            .copied()
+            .chain(["wasmop-3"])
+            .collect::<Vec<_>>(),
+        3,
+    )
+    .await;
+    let theirs = shards_of(&joined, "wasmop-3", 3);
+    let moved: Vec<(String, String)> = parents
+        .iter()
+        .filter(|(ns, _)| theirs.iter().any(|s| s.holds(ns)))
+        .take(20)
+        .cloned()
+        .collect();
+    for (ns, name) in &moved {
+        put_memcached(&client, ns, name, 2).await;
+    }
+    wait_converged(&client, &moved).await;
+    let newcomer = hosts[3].as_ref().unwrap();
+    let namespaces = reconciled_namespaces(&newcomer.logs());
+    for (ns, _) in &moved {
+        assert!(namespaces.contains(ns), "the newcomer reconciled {ns}");
+    }
+    let gave = hosts[1..3]
+        .iter()
+        .filter(|h| h.as_ref().unwrap().logs().contains("giving the shard back"))
+        .count();
+    assert_eq!(gave, 1, "one replica gave a shard back");
+    let metrics = scrape(newcomer).await;
+    let cached = metric(&metrics, "wasmop_cache_objects", &["kind=\"Memcached."]);
+    assert_eq!(
+        cached as usize,
+        parents_in(&parents, &theirs),
+        "the newcomer's cache"
+    );
+    drop(hosts);
+    plane.stop().await.expect("the plane stops");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn without_server_sharding_replicas_filter_and_write_as_one_host_does() {
+    let cluster = testenv::shared().await.expect("control plane");
+    let client = cluster.client().await.expect("client");
+    let kubeconfig = cluster.kubeconfig_path().to_path_buf();
+    let mut world = World::new(client.clone(), "fb", 8).await;
+
+    let args = ["--shards", "4", "--lease-duration-seconds", LEASE_SECONDS];
+    let pods = ["wasmop-a", "wasmop-b"];
+    let hosts: Vec<Host> = pods
+        .iter()
+        .map(|p| world.host(p, &kubeconfig, &args))
+        .collect();
+    let holders = wait_balanced(&world, &pods, 4).await;
+    let parents = world.put_parents(&world.namespaces, 120).await;
+    wait_converged(&client, &parents).await;
+    let mut sharded_writes = 0.0;
+    for (pod, host) in pods.iter().zip(&hosts) {
+        let metrics = scrape(host).await;
+        let mine = shards_of(&holders, pod, 4);
+        let cached = metric(&metrics, "wasmop_cache_objects", &["kind=\"Memcached."]);
+        assert_eq!(
+            cached as usize,
+            parents_in(&parents, &mine),
+            "{pod}\n{}",
+            host.logs()
+        );
+        assert!(
+            host.logs().contains("does not shard lists and watches"),
+            "{pod} says once that it filters: {}",
+            host.logs()
+        );
+        sharded_writes += metric(&metrics, "wasmop_api_writes_total", &["result=\"sent\""]);
+    }
+    for host in hosts {
+        let log = host.log.clone();
+        assert!(host.terminate().success());
+        let log = std::fs::read_to_string(log).unwrap();
+        assert!(log.contains("gave every shard back"), "{log}");
+    }
+
+    // One unsharded host, at rest over those parents, then as many new ones.
+    let single = world.host("wasmop-single", &kubeconfig, &[]);
+    let started = Instant::now();
+    let mut last = -1.0;
+    let baseline = loop {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let now = metric(
+            &scrape(&single).await,
+            "wasmop_api_writes_total",
+            &["result=\"sent\""],
+        );
+        if now == last {
+            break now;
+        }
+        assert!(
+            started.elapsed() < CONVERGE,
+            "the single host never came to rest"
+        );
+        last = now;
+    };
+    let before = world.namespaces.len();
+    world.add_namespaces("fb", 8).await;
+    let fresh = world.put_parents(&world.namespaces[before..], 120).await;
+    wait_converged(&client, &fresh).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let single_writes = metric(
+        &scrape(&single).await,
+        "wasmop_api_writes_total",
+        &["result=\"sent\""],
+    ) - baseline;
+    let (sharded, one) = (sharded_writes / 120.0, single_writes / 120.0);
+    println!("measured: writes per parent, 2 sharded replicas {sharded:.2}, one host {one:.2}");
+    assert!(
+        (sharded - one).abs() <= 0.15 * one,
+        "sharded replicas write {sharded:.2} per parent, one host {one:.2}"
+    );
+}
