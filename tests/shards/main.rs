@@ -236,6 +236,15 @@ fn metric(text: &str, name: &str, with: &[&str]) -> f64 {
         .sum()
 }
 
+/// The `sent` lines of `wasmop_api_writes_total`, for the reader of a measurement.
+fn writes_by_resource(metrics: &str) -> String {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("wasmop_api_writes_total{") && l.contains("result=\"sent\""))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 async fn scrape(host: &Host) -> String {
     let addr = host.http_addr().await;
     http_get(&addr, "/metrics").await.1
@@ -505,6 +514,10 @@ async fn without_server_sharding_replicas_filter_and_write_as_one_host_does() {
             host.logs()
         );
         sharded_writes += metric(&metrics, "wasmop_api_writes_total", &["result=\"sent\""]);
+        println!(
+            "measured: {pod}'s writes by resource:\n{}",
+            writes_by_resource(&metrics)
+        );
     }
     for host in hosts {
         let log = host.log.clone();
@@ -538,6 +551,10 @@ async fn without_server_sharding_replicas_filter_and_write_as_one_host_does() {
     let fresh = world.put_parents(&world.namespaces[before..], 120).await;
     wait_converged(&client, &fresh).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
+    println!(
+        "measured: the single host's writes by resource (at rest over the first 120 parents, then 120 new):\n{}",
+        writes_by_resource(&scrape(&single).await)
+    );
     let single_writes = metric(
         &scrape(&single).await,
         "wasmop_api_writes_total",
