@@ -176,8 +176,10 @@ impl Host {
             controller: "wasmop".into(),
             instance: Some(config.identity.clone()),
         };
+        // Unguarded: the loader only reads, and each controller guards its plugin's writes
+        // with its own fence.
         let loader = Loader::new(
-            guarded.clone(),
+            client.clone(),
             config.namespace.clone(),
             sandbox,
             config.watch_namespace.clone(),

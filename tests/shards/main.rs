@@ -233,7 +233,7 @@ fn metric(text: &str, name: &str, with: &[&str]) -> f64 {
         .filter(|l| l.starts_with(&format!("{name}{{")))
         .filter(|l| with.iter().all(|w| l.contains(w)))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+        .fold(0.0, |a, b| a + b)
 }
 
 /// The `sent` lines of `wasmop_api_writes_total`, for the reader of a measurement.
@@ -248,6 +248,15 @@ fn writes_by_resource(metrics: &str) -> String {
 async fn scrape(host: &Host) -> String {
     let addr = host.http_addr().await;
     http_get(&addr, "/metrics").await.1
+}
+
+/// Sends `kill <sig>` to the host.
+fn signal(host: &Host, sig: &str) {
+    let status = std::process::Command::new("kill")
+        .args([sig, &host.pid().to_string()])
+        .status()
+        .expect("running kill");
+    assert!(status.success(), "kill {sig}");
 }
 
 /// Parents of `parents` whose namespace is in one of `shards`.
@@ -283,6 +292,26 @@ async fn wait_balanced(world: &World, pods: &[&str], count: u32) -> BTreeMap<u32
     )
     .await
     .expect("balanced shards")
+}
+
+/// Writes the API server has answered to Deployments and to Memcacheds' status, so far.
+async fn server_writes(client: &Client) -> (f64, f64) {
+    let text = testenv::metrics::metrics_text(client)
+        .await
+        .expect("apiserver metrics");
+    let mut counts = (0.0, 0.0);
+    for s in testenv::metrics::samples(&text, "apiserver_request_total") {
+        let label = |k: &str| s.labels.get(k).map(String::as_str).unwrap_or("");
+        if !matches!(label("verb"), "APPLY" | "PATCH" | "PUT" | "POST") {
+            continue;
+        }
+        match (label("resource"), label("subresource")) {
+            ("deployments", "") => counts.0 += s.value,
+            ("memcacheds", "status") => counts.1 += s.value,
+            _ => {}
+        }
+    }
+    counts
 }
 
 /// The API server filters lists by shard exactly as `Shard::holds` computes.
@@ -331,10 +360,21 @@ async fn three_replicas_share_the_parents_and_take_over_a_dead_ones_shards() {
         .collect();
     let holders = wait_balanced(&world, &pods, 3).await;
 
+    let before = server_writes(&client).await;
     let parents = world.put_parents(&world.namespaces, 1000).await;
     server_shards_as_the_host_does(&client, &parents, 3).await;
     let took = wait_converged(&client, &parents).await;
     println!("measured: 1000 parents in 30 namespaces converged on 3 replicas in {took:.1?}");
+    // The API server's own count: one Deployment apply and one status write per parent, as
+    // one host makes (the fallback test below), so no parent was written by two replicas.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (applies, statuses) = server_writes(&client).await;
+    let (applies, statuses) = (applies - before.0, statuses - before.1);
+    println!(
+        "measured: the API server saw {applies} Deployment writes and {statuses} Memcached status writes for 1000 parents"
+    );
+    assert_eq!(applies, 1000.0, "one Deployment write per parent");
+    assert_eq!(statuses, 1000.0, "one status write per parent");
 
     // Each replica caches its own shard's parents, and only reconciles in its namespaces.
     let mut writes = 0.0;
@@ -519,6 +559,72 @@ async fn without_server_sharding_replicas_filter_and_write_as_one_host_does() {
             writes_by_resource(&metrics)
         );
     }
+
+    // SIGSTOP one past its Leases: the other takes its shards and reconciles what changes;
+    // woken up, the frozen one writes nothing of its backlog.
+    let frozen = &hosts[0];
+    let sent = |m: &str| {
+        metric(
+            m,
+            "wasmop_api_writes_total",
+            &["result=\"sent\"", "resource=\"deployments\""],
+        ) + metric(
+            m,
+            "wasmop_api_writes_total",
+            &["result=\"sent\"", "resource=\"memcacheds/status\""],
+        )
+    };
+    let before = sent(&scrape(frozen).await);
+    let theirs = shards_of(&holders, pods[0], 4);
+    signal(frozen, "-STOP");
+    testenv::wait_for(
+        "the frozen replica's shards to move",
+        common::TIMEOUT,
+        || async {
+            let now = world.holders().await;
+            let moved = theirs
+                .iter()
+                .all(|s| now.get(&s.index()).is_some_and(|h| h == pods[1]));
+            Ok::<_, String>(moved.then_some(()))
+        },
+    )
+    .await
+    .expect("the shards moved");
+    let changed: Vec<(String, String)> = parents
+        .iter()
+        .filter(|(ns, _)| theirs.iter().any(|s| s.holds(ns)))
+        .take(10)
+        .cloned()
+        .collect();
+    for (ns, name) in &changed {
+        put_memcached(&client, ns, name, 1).await;
+    }
+    wait_converged(&client, &changed).await;
+    signal(frozen, "-CONT");
+    // Before the other can give a shard back (two of its ticks), the woken one may hold none.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let woken = scrape(frozen).await;
+    println!(
+        "measured: the woken replica's writes refused by its fences: {}",
+        metric(&woken, "wasmop_api_writes_total", &["result=\"refused\""])
+    );
+    assert_eq!(
+        sent(&woken),
+        before,
+        "the woken replica wrote a parent's Deployment or status:\n{}",
+        frozen.logs()
+    );
+    testenv::wait_for("the woken replica to notice", common::TIMEOUT, || async {
+        Ok::<_, String>(
+            frozen
+                .logs()
+                .contains("lost the shard's Lease")
+                .then_some(()),
+        )
+    })
+    .await
+    .expect("the loss logged");
+
     for host in hosts {
         let log = host.log.clone();
         assert!(host.terminate().success());

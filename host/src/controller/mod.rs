@@ -350,8 +350,9 @@ pub fn spawn(
             .map(|(_, s)| s.cache().clone())
             .collect()
     };
-    // The identity is the ConfigMap's, so it stays the same across swaps.
-    let writer = loaded.identity.client().clone();
+    // The identity is the ConfigMap's, so it stays the same across swaps. Every write passes
+    // this controller's fence: the leader's, or the shard's on a sharded host.
+    let writer = fence.guard(loaded.identity.client());
     let shared = Arc::new(Shared {
         events: Events::folding(Recorder::new(writer.clone(), reporter)),
         writer,
