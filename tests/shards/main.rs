@@ -230,7 +230,7 @@ fn reconciled_namespaces(log: &str) -> BTreeSet<String> {
 /// The sum of a metric's samples whose labels contain every one of `with`.
 fn metric(text: &str, name: &str, with: &[&str]) -> f64 {
     text.lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
         .filter(|l| with.iter().all(|w| l.contains(w)))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .fold(0.0, |a, b| a + b)
@@ -387,6 +387,10 @@ async fn three_replicas_share_the_parents_and_take_over_a_dead_ones_shards() {
         println!(
             "measured: {pod} holds shards {mine:?}: {cached} of {} parents cached",
             parents.len()
+        );
+        assert_eq!(
+            metric(&metrics, "wasmop_shards_held", &[]),
+            mine.len() as f64
         );
         assert_eq!(
             cached as usize,

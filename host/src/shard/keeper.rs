@@ -146,6 +146,9 @@ impl Keeper {
     }
 
     fn publish(&self) {
+        crate::telemetry::metrics::metrics()
+            .shards_held
+            .set(self.held.len() as i64);
         let held: Held = self
             .held
             .iter()

@@ -134,6 +134,8 @@ pub struct Metrics {
     pub cache_objects: Family<CacheLabels, Gauge>,
     /// Bytes those objects take.
     pub cache_bytes: Family<CacheLabels, Gauge>,
+    /// Shards this replica holds (a sharded host).
+    pub shards_held: Gauge,
 }
 
 /// The process-wide metrics.
@@ -165,6 +167,7 @@ impl Metrics {
             api_writes: Family::default(),
             cache_objects: Family::default(),
             cache_bytes: Family::default(),
+            shards_held: Gauge::default(),
         };
         let r = &mut m.registry;
         r.register(
@@ -214,7 +217,7 @@ impl Metrics {
         );
         r.register(
             "api_writes",
-            "Writes to the API server: sent (answered), failed (no answer), or refused because the leader Lease is not held",
+            "Writes to the API server: sent (answered), failed (no answer), or refused because the leader's or the shard's Lease is not held",
             m.api_writes.clone(),
         );
         r.register(
@@ -226,6 +229,11 @@ impl Metrics {
             "cache_bytes",
             "Bytes the objects of each shared watch cache take (text and decoded metadata; not the indexes)",
             m.cache_bytes.clone(),
+        );
+        r.register(
+            "shards_held",
+            "Shards this replica holds, on a host run with --shards",
+            m.shards_held.clone(),
         );
         m
     }
