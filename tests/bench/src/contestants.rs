@@ -202,7 +202,8 @@ pub async fn new_pod(
         &["--no-shared-artifacts"]
     };
     let started = Instant::now();
-    let (mut host, metrics) = spawn_host_in(art, env, settings, &cache, name, tag, extra).await?;
+    let (mut host, metrics) =
+        spawn_host_in(art, env, settings, &cache, name, tag, extra, &[]).await?;
     wait_loaded(&mut host, &plugin_names(kinds)).await?;
     let loaded = started.elapsed();
     let cpu_at_loaded = host.usage()?.cpu_secs;
@@ -292,7 +293,7 @@ impl Calls {
 }
 
 /// The sum of every series of counter `prefix` (`name{`) in a Prometheus text.
-fn counter_sum(text: &str, prefix: &str) -> f64 {
+pub fn counter_sum(text: &str, prefix: &str) -> f64 {
     text.lines()
         .filter(|l| l.starts_with(prefix))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
@@ -300,7 +301,7 @@ fn counter_sum(text: &str, prefix: &str) -> f64 {
 }
 
 /// `GET /metrics` from the host at `addr`, over plain HTTP/1.0.
-async fn metric_text(addr: &str) -> Result<String> {
+pub async fn metric_text(addr: &str) -> Result<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(addr).await?;
     stream
@@ -339,9 +340,39 @@ async fn spawn_host(
     log_name: &str,
     extra: &[&str],
 ) -> Result<(Proc, String)> {
-    spawn_host_in(art, env, settings, &cache_dir(tag), log_name, tag, extra).await
+    spawn_host_in(
+        art,
+        env,
+        settings,
+        &cache_dir(tag),
+        log_name,
+        tag,
+        extra,
+        &[],
+    )
+    .await
 }
 
+/// Starts host replica `pod` (its `POD_NAME`, the identity its Leases name) with `extra`
+/// arguments and an empty disk cache of its own, as a pod of a Deployment would have; returns
+/// it and where it serves `/metrics`.
+pub async fn spawn_replica(
+    art: &Artifacts,
+    env: &TestEnv,
+    settings: &Settings,
+    tag: &str,
+    pod: &str,
+    extra: &[&str],
+) -> Result<(Proc, String)> {
+    let cache = cache_dir(&format!("{tag}-{pod}"));
+    let _ = std::fs::remove_dir_all(&cache);
+    std::fs::create_dir_all(&cache)?;
+    std::fs::create_dir_all(bench_dir().join("logs"))?;
+    let envs = [("POD_NAME", pod)];
+    spawn_host_in(art, env, settings, &cache, pod, tag, extra, &envs).await
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn spawn_host_in(
     art: &Artifacts,
     env: &TestEnv,
@@ -350,6 +381,7 @@ async fn spawn_host_in(
     log_name: &str,
     tag: &str,
     extra: &[&str],
+    envs: &[(&str, &str)],
 ) -> Result<(Proc, String)> {
     let port = free_port()?;
     let mut cmd = Command::new(&art.wasmop);
@@ -364,7 +396,8 @@ async fn spawn_host_in(
         ])
         .args(["--probe-addr", &format!("127.0.0.1:{port}")])
         .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
-        .args(extra);
+        .args(extra)
+        .envs(envs.iter().copied());
     let log = bench_dir()
         .join("logs")
         .join(format!("{tag}-{log_name}.log"));
@@ -374,7 +407,7 @@ async fn spawn_host_in(
     Ok((host, format!("127.0.0.1:{port}")))
 }
 
-async fn wait_loaded(host: &mut Proc, names: &[String]) -> Result<()> {
+pub async fn wait_loaded(host: &mut Proc, names: &[String]) -> Result<()> {
     for name in names {
         host.wait_for_log(&format!("loaded {name} "), READY_TIMEOUT)
             .await?;

@@ -6,6 +6,7 @@
 //! ```sh
 //! cargo run -p bench -- --quick               # CI: 20 objects, dev builds: does it all run
 //! cargo run --release -p bench                # 1000 objects, both limit settings, ~16 min
+//! cargo run --release -p bench -- --shards-only # 1 to 3 sharded replicas, 3000 parents
 //! ```
 //!
 //! It builds what it runs (see [`artifacts`]), prints a Markdown report and writes it to
@@ -29,12 +30,13 @@ mod kinds;
 mod process;
 mod report;
 mod scenario;
+mod shards;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use clap::Parser;
 
 use crate::contestants::{Contestant, Settings};
@@ -95,8 +97,16 @@ struct Args {
     /// Only the plane's cost of each kind of write; nothing else.
     #[arg(long)]
     floor_only: bool,
+    /// Parents in the sharding part: 1, 2 and 3 replicas with `--shards 12`, each on a fresh
+    /// plane with sharded watches [default: 3000; none with --quick].
+    #[arg(long)]
+    shards_parents: Option<usize>,
+    /// Only the sharding part; nothing else.
+    #[arg(long)]
+    shards_only: bool,
     /// Where to write the report [default: docs/benchmarks.md, or
-    /// target/bench/benchmarks-quick.md with --quick].
+    /// target/bench/benchmarks-quick.md with --quick, or target/bench/benchmarks-shards.md
+    /// with --shards-only].
     #[arg(long)]
     out: Option<PathBuf>,
 }
@@ -199,17 +209,49 @@ async fn run(args: Args) -> Result<Report> {
     } else {
         vec![10, 20, 50, 100]
     });
-    let most_kinds = plugin_counts
-        .iter()
-        .copied()
-        .chain((!args.skip_many).then_some(args.kinds))
-        .max()
-        .unwrap_or(0);
+    let most_kinds = if args.shards_only {
+        0
+    } else {
+        plugin_counts
+            .iter()
+            .copied()
+            .chain((!args.skip_many).then_some(args.kinds))
+            .max()
+            .unwrap_or(0)
+    };
+    let shards_parents = args
+        .shards_parents
+        .or((!args.quick || args.shards_only).then_some(3000));
     let art = tokio::task::spawn_blocking({
         let kinds: Vec<Kind> = (0..most_kinds).map(Kind::bench).collect();
         move || artifacts::build(&kinds)
     })
     .await??;
+
+    if args.shards_only {
+        let report = Report {
+            command: command_line(),
+            date: report::today(),
+            machine: report::machine(),
+            setup: "the sharding part only".into(),
+            single: Vec::new(),
+            many: None,
+            scale: Vec::new(),
+            plugins: Vec::new(),
+            floors: None,
+            shards: Some(sharding(&art, shards_parents.unwrap_or(3000)).await),
+            calls: None,
+            opt_levels: None,
+            took_secs: started.elapsed().as_secs_f64(),
+            method: false,
+        };
+        let out = args
+            .out
+            .clone()
+            .unwrap_or_else(|| artifacts::bench_dir().join("benchmarks-shards.md"));
+        write_report(&report, &out)?;
+        return Ok(report);
+    }
 
     let calls = if args.skip_calls {
         None
@@ -255,9 +297,11 @@ async fn run(args: Args) -> Result<Report> {
             scale: Vec::new(),
             plugins: Vec::new(),
             floors,
+            shards: None,
             calls: None,
             opt_levels: None,
             took_secs: started.elapsed().as_secs_f64(),
+            method: true,
         };
         println!("{}", report.markdown());
         return Ok(report);
@@ -394,6 +438,11 @@ async fn run(args: Args) -> Result<Report> {
         });
     }
 
+    let shards = match shards_parents {
+        Some(n) => Some(sharding(&art, n).await),
+        None => None,
+    };
+
     let report = Report {
         command: command_line(),
         date: report::today(),
@@ -415,12 +464,12 @@ async fn run(args: Args) -> Result<Report> {
         scale: scale_runs,
         plugins: plugin_runs,
         floors,
+        shards,
         calls,
         opt_levels,
         took_secs: started.elapsed().as_secs_f64(),
+        method: true,
     };
-    let text = report.markdown();
-    println!("{text}");
     let out = args.out.clone().unwrap_or_else(|| {
         if args.quick {
             artifacts::bench_dir().join("benchmarks-quick.md")
@@ -428,15 +477,37 @@ async fn run(args: Args) -> Result<Report> {
             artifacts::root().join("docs/benchmarks.md")
         }
     });
+    write_report(&report, &out)?;
+    Ok(report)
+}
+
+/// The sharding part: `parents` parents on 1, 2 and 3 replicas, each on a fresh plane; a
+/// failure is noted and kept as its message.
+async fn sharding(art: &artifacts::Artifacts, parents: usize) -> shards::Sharding {
+    let mut runs = Vec::new();
+    for r in shards::REPLICAS {
+        let result = shards::measure(art, parents, r).await;
+        if let Err(e) = &result {
+            note!("[shards{r}] failed: {e:#}");
+        }
+        runs.push((r, result.map_err(|e| format!("{e:#}"))));
+    }
+    shards::Sharding { parents, runs }
+}
+
+/// Prints the report and writes it to `out`, keeping what follows [`KEPT_FROM`] there.
+fn write_report(report: &Report, out: &std::path::Path) -> Result<()> {
+    let text = report.markdown();
+    println!("{text}");
     if let Some(dir) = out.parent() {
         std::fs::create_dir_all(dir)?;
     }
     // Numbers other runs measured (the test suites') follow the report and are kept.
-    let kept = std::fs::read_to_string(&out)
+    let kept = std::fs::read_to_string(out)
         .ok()
         .and_then(|old| old.find(KEPT_FROM).map(|i| old[i..].to_owned()))
         .unwrap_or_default();
-    std::fs::write(&out, text.clone() + &kept)?;
+    std::fs::write(out, text + &kept).with_context(|| format!("writing {}", out.display()))?;
     note!("report written to {}", out.display());
-    Ok(report)
+    Ok(())
 }

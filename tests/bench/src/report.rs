@@ -7,6 +7,7 @@ use crate::calls::{CallCost, OptBuild, POD_COUNTS};
 use crate::contestants::Contestant;
 use crate::floor::Floor;
 use crate::scenario::Outcome;
+use crate::shards::{self, ShardRun, Sharding};
 
 /// Results of one single-operator run (one setting of client rate limits).
 pub struct SingleRun {
@@ -56,12 +57,17 @@ pub struct Report {
     pub plugins: Vec<ManyRun>,
     /// The plane's own cost of each kind of write.
     pub floors: Option<Result<Vec<Floor>, String>>,
+    /// Sharding across replicas: parents, and per replica count its run.
+    pub shards: Option<Sharding>,
     /// The plugin-call timings.
     pub calls: Option<Result<Vec<CallCost>, String>>,
     /// The guest built at other optimisation levels (full runs only).
     pub opt_levels: Option<Result<Vec<OptBuild>, String>>,
     /// Wall time of the whole run.
     pub took_secs: f64,
+    /// Whether "How it is measured" follows (not when only the sharding part ran: its own
+    /// section says how).
+    pub method: bool,
 }
 
 impl Report {
@@ -96,6 +102,9 @@ impl Report {
         if let Some(floors) = &self.floors {
             floor_table(w, floors);
         }
+        if let Some(sharding) = &self.shards {
+            shards_table(w, sharding);
+        }
         if let Some(calls) = &self.calls {
             calls_table(w, calls);
         }
@@ -103,7 +112,9 @@ impl Report {
             opt_table(w, builds);
         }
         failures(w, self);
-        let _ = writeln!(w, "{}", METHOD.trim());
+        if self.method {
+            let _ = writeln!(w, "{}", METHOD.trim());
+        }
         out
     }
 
@@ -124,6 +135,10 @@ impl Report {
                 .any(|run| run.results.iter().any(|(_, r)| bad(r)))
             || matches!(self.calls, Some(Err(_)))
             || matches!(self.floors, Some(Err(_)))
+            || self
+                .shards
+                .iter()
+                .any(|s| s.runs.iter().any(|(_, r)| r.is_err()))
             || matches!(self.opt_levels, Some(Err(_)))
     }
 }
@@ -678,6 +693,157 @@ fn floor_table(w: &mut String, floors: &Result<Vec<Floor>, String>) {
     let _ = writeln!(w);
 }
 
+fn shards_table(w: &mut String, sharding: &Sharding) {
+    let (parents, runs) = (sharding.parents, &sharding.runs);
+    let _ = writeln!(w, "## Sharding across replicas\n");
+    let _ = writeln!(
+        w,
+        "{parents} Memcached parents of size 1 in {} namespaces, R wasmop replicas each run \
+         with `--shards {} --lease-duration-seconds {}` over every namespace, on a fresh plane \
+         per R whose API server shards lists and watches (`ShardedListAndWatch=true`), so each \
+         replica lists, watches and caches only its shards' objects. The namespaces are named \
+         so that each of the {1} shards has 2 or 3 of them, and the parents are dealt evenly \
+         over the shards ({} each). The parents are created once the replicas share the shard \
+         Leases evenly. Go and kube-rs have no sharding and are not run.\n",
+        shards::NAMESPACES,
+        shards::SHARDS,
+        shards::LEASE_SECONDS,
+        parents / shards::SHARDS as usize,
+    );
+    let ok: Vec<(usize, &ShardRun)> = runs
+        .iter()
+        .filter_map(|(r, res)| Some((*r, res.as_ref().ok()?)))
+        .collect();
+    if ok.is_empty() {
+        let _ = writeln!(w, "Failed (see below).\n");
+        return;
+    }
+    let heads: Vec<String> = ok
+        .iter()
+        .map(|(r, _)| format!("{r} replica{}", if *r == 1 { "" } else { "s" }))
+        .collect();
+    let _ = writeln!(w, "| | {} |", heads.join(" | "));
+    let _ = writeln!(w, "|---|{}", "---:|".repeat(heads.len()));
+    let each = |f: &dyn Fn(&shards::Replica) -> String| -> Vec<String> {
+        ok.iter()
+            .map(|(_, run)| run.replicas.iter().map(f).collect::<Vec<_>>().join(" / "))
+            .collect()
+    };
+    let line = |w: &mut String, label: &str, cells: Vec<String>| {
+        let _ = writeln!(w, "| {label} | {} |", cells.join(" | "));
+    };
+    let stat = |run: &ShardRun, f: &dyn Fn(&shards::Replica) -> f64| -> (f64, f64) {
+        let values: Vec<f64> = run.replicas.iter().map(f).collect();
+        let max = values.iter().copied().fold(0.0, f64::max);
+        (max, values.iter().sum::<f64>() / values.len().max(1) as f64)
+    };
+    let figure = |f: &dyn Fn(&ShardRun) -> f64, d: usize| -> Vec<String> {
+        ok.iter()
+            .map(|(_, run)| format!("{:.d$}", f(run)))
+            .collect()
+    };
+    let peak = |r: &shards::Replica| r.at_converged.peak_mib;
+    let cpu = |r: &shards::Replica| r.at_converged.cpu_secs - r.at_start.cpu_secs;
+    line(w, "replicas (`POD_NAME`)", each(&|r| r.pod.clone()));
+    line(
+        w,
+        "shard Leases held, per replica",
+        each(&|r| r.shards.to_string()),
+    );
+    line(
+        w,
+        "parents cached, per replica",
+        each(&|r| r.cached.to_string()),
+    );
+    line(
+        w,
+        "every Deployment exists (s)",
+        figure(&|run| secs(run.convergence.deployments_exist), 1),
+    );
+    line(
+        w,
+        "converged (s)",
+        figure(&|run| secs(run.convergence.converged), 1),
+    );
+    line(
+        w,
+        "peak RSS per replica, max (MiB)",
+        figure(&|run| stat(run, &peak).0, 1),
+    );
+    line(
+        w,
+        "peak RSS per replica, mean (MiB)",
+        figure(&|run| stat(run, &peak).1, 1),
+    );
+    let one = ok
+        .iter()
+        .find(|(r, _)| *r == 1)
+        .map(|(_, run)| stat(run, &peak).0);
+    line(
+        w,
+        "peak RSS per replica, max, against 1 replica",
+        ok.iter()
+            .map(|(_, run)| ratio(Some(stat(run, &peak).0), one))
+            .collect(),
+    );
+    line(
+        w,
+        "RSS at convergence + 5 s, per replica (MiB)",
+        each(&|r| format!("{:.1}", r.at_converged.rss_mib)),
+    );
+    line(
+        w,
+        "CPU from first create to converged + 5 s, per replica (s)",
+        each(&|r| format!("{:.2}", cpu(r))),
+    );
+    line(
+        w,
+        "CPU, all replicas together (s)",
+        figure(&|run| run.replicas.iter().map(cpu).sum(), 2),
+    );
+    line(
+        w,
+        "writes per parent, all replicas",
+        figure(
+            &|run| run.replicas.iter().map(|r| r.writes).sum::<f64>() / run.parents.max(1) as f64,
+            2,
+        ),
+    );
+    line(
+        w,
+        "shards shared evenly after the last replica started (s)",
+        figure(&|run| secs(run.shared_after), 1),
+    );
+    let _ = writeln!(w);
+    for (_, run) in &ok {
+        if let Some(f) = &run.failover {
+            let _ = writeln!(
+                w,
+                "Failover, {} replicas: {} (holding {} shards) was SIGKILLed and {} of its \
+                 parents had `spec.size` changed at once; its shard Leases were all held by the \
+                 others {:.1} s later (Lease duration {} s), and the changed parents' status \
+                 was written for their new generation {:.1} s after the SIGKILL.\n",
+                run.replicas.len(),
+                f.pod,
+                f.shards,
+                f.patched,
+                secs(f.leases_moved),
+                shards::LEASE_SECONDS,
+                secs(f.reconciled),
+            );
+        }
+    }
+    let _ = writeln!(
+        w,
+        "Peak RSS is VmHWM at convergence + 5 s, CPU is utime + stime (children's included) \
+         from the first create, cached parents are the replica's `wasmop_cache_objects` for \
+         Memcached, writes are `wasmop_api_writes_total{{result=\"sent\"}}` from the first \
+         create, summed over the replicas. \"Converged\" as elsewhere: every Deployment \
+         available and every `status.nodes` complete, seen through the runner's watches. \
+         Every replica and the plane share the machine's cores.\n"
+    );
+}
+
 fn calls_table(w: &mut String, calls: &Result<Vec<CallCost>, String>) {
     let _ = writeln!(w, "## One plugin call, in process\n");
     let Ok(calls) = calls else {
@@ -771,6 +937,11 @@ fn failures(w: &mut String, r: &Report) {
     }
     if let Some(Err(e)) = &r.floors {
         lines.push(format!("- the plane's cost of each write: {e}"));
+    }
+    for (replicas, res) in r.shards.iter().flat_map(|s| &s.runs) {
+        if let Err(e) = res {
+            lines.push(format!("- sharding, {replicas} replica(s): {e}"));
+        }
     }
     if let Some(Err(e)) = &r.opt_levels {
         lines.push(format!("- optimisation levels: {e}"));
