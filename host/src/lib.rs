@@ -7,7 +7,8 @@
 //! [`validate`] → [`apply`] (server-side apply → prune) → [`status`].
 //!
 //! Shared below every stage: [`config`] (every default), [`client`] (timeouts and the
-//! leader's write fence), [`kinds`], [`watch`], [`telemetry`], [`text`]. Start a host with [`Host::new`] and [`Host::run`]; `docs/architecture.md` has
+//! leader's write fence), [`shard`] (sharding across replicas: hashes, ranges, the Leases that
+//! hold them), [`kinds`], [`watch`], [`telemetry`], [`text`]. Start a host with [`Host::new`] and [`Host::run`]; `docs/architecture.md` has
 //! the module map. The binary `wasmop` is a thin shell over this library; see [`cli`] for its
 //! commands.
 
