@@ -12,7 +12,9 @@
 //! a renewal, never longer than from when it was sent); one naming another holder shuts it.
 //! So a leader that was frozen (SIGSTOP, a long pause, a black-holed network) and wakes up
 //! after its Lease expired writes nothing through its backlog: the deadline has passed before
-//! any renewal could succeed.
+//! any renewal could succeed. The fence is asked again each time a write in progress is
+//! polled, so one that passed just before the freeze but had not reached the wire is dropped
+//! too.
 //!
 //! ```
 //! use std::time::Duration;
@@ -239,9 +241,38 @@ impl Fence {
                     tracing::debug!("{refused}");
                     return Err(BoxError::from(refused));
                 }
-                let response = inner.send(request).await;
-                count_write(if response.is_ok() { "sent" } else { "failed" }, resource);
-                response.map_err(BoxError::from)
+                let (method, path) = (request.method().clone(), request.uri().path().to_string());
+                // Checked again at every poll: a process frozen between the check above and
+                // the request reaching the wire (waiting for a pooled connection, say) must
+                // not send it after it woke up deposed.
+                let mut send = std::pin::pin!(inner.send(request));
+                let response = std::future::poll_fn(|cx| {
+                    if !fence.is_open() {
+                        return std::task::Poll::Ready(Err(None));
+                    }
+                    send.as_mut().poll(cx).map_err(Some)
+                })
+                .await;
+                match response {
+                    Ok(response) => {
+                        count_write("sent", resource);
+                        Ok(response)
+                    }
+                    Err(Some(e)) => {
+                        count_write("failed", resource);
+                        Err(BoxError::from(e))
+                    }
+                    Err(None) => {
+                        count_write("refused", resource);
+                        let refused = Fenced {
+                            method,
+                            path,
+                            lease: fence.inner.lease.clone(),
+                        };
+                        tracing::debug!("{refused} (while it was being sent)");
+                        Err(BoxError::from(refused))
+                    }
+                }
             }
         });
         Client::new(guarded, client.default_namespace())
