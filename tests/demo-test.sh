@@ -48,7 +48,9 @@ set -m
 start() {
   local log=$1
   shift
-  WASMOP_DEMO_MARK=$marker tests/demo.sh "$@" >"$log" 2>&1 </dev/null &
+  # With SIGINT as a terminal leaves it even when this script inherited it ignored (started
+  # in the background of a non-interactive shell): bash could not trap it otherwise.
+  WASMOP_DEMO_MARK=$marker env --default-signal=INT tests/demo.sh "$@" >"$log" 2>&1 </dev/null &
   demo_pid=$!
 }
 

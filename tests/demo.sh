@@ -130,11 +130,4 @@ step "ready: keep playing, Ctrl-C stops everything"
 echo "export $(grep '^KUBECONFIG=' "$work/plane.out")"
 echo "kubectl: $kubectl"
 $exit_when_ready && exit 0
-# Waits in short sleeps, not on the plane itself: the plane handles Ctrl-C and exits 0 at
-# once, and bash may then count the interrupt as its child's and skip the INT trap (a CI run
-# exited 0). A sleep ends on its own time, so the trap runs.
-while kill -0 "${pids[0]}" 2>/dev/null; do
-  sleep 1 &
-  wait $!
-done
 wait "${pids[0]}"
