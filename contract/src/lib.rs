@@ -7,6 +7,7 @@
 //! native test harness runs exactly the validation the host will. The WIT interface
 //! (`guest-sdk/wit/plugin.wit`) carries the same records; each side converts at its edge.
 
+pub mod hash;
 pub mod manifest;
 pub mod names;
 pub mod validate;
