@@ -14,14 +14,13 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Client;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
 use testenv::TestNamespace;
 use wasmop::shard::Shard;
-use wasmop::shard::keeper::{GROUP_LABEL, ROLE_LABEL};
+use wasmop::shard::keeper;
 
 use common::{Host, http_get, install_crds, memcached_resource};
 
@@ -117,30 +116,12 @@ impl World {
 
     /// The Leases of this world's shards: index → holder.
     async fn holders(&self) -> BTreeMap<u32, String> {
-        let leases: Api<Lease> = self.host_ns.api();
-        let list = leases
-            .list(&ListParams::default().labels(&format!("{ROLE_LABEL}=shard")))
+        let prefix = wasmop::config::SHARD_LEASE_PREFIX;
+        keeper::holders(&self.client, self.host_ns.name(), prefix)
             .await
-            .expect("shard Leases");
-        list.items
-            .iter()
-            .filter(|l| {
-                l.metadata
-                    .labels
-                    .as_ref()
-                    .is_some_and(|m| m.contains_key(GROUP_LABEL))
-            })
-            .filter_map(|l| {
-                let name = l.metadata.name.as_deref()?;
-                let index = name
-                    .strip_prefix("wasmop-shard-")?
-                    .split('-')
-                    .next()?
-                    .parse()
-                    .ok()?;
-                let holder = l.spec.as_ref()?.holder_identity.clone()?;
-                Some((index, holder))
-            })
+            .expect("shard Leases")
+            .into_iter()
+            .map(|(shard, holder)| (shard.index(), holder))
             .collect()
     }
 }
@@ -160,6 +141,29 @@ async fn put_memcached(client: &Client, ns: &str, name: &str, size: i64) {
     )
     .await
     .expect("apply Memcached");
+}
+
+/// Sets `spec.size` of the first `n` of `parents` in `shards` (at least one) and waits until
+/// they converge; returns them.
+async fn resize_in(
+    client: &Client,
+    parents: &[(String, String)],
+    shards: &[Shard],
+    n: usize,
+    size: i64,
+) -> Vec<(String, String)> {
+    let chosen: Vec<(String, String)> = parents
+        .iter()
+        .filter(|(ns, _)| shards.iter().any(|s| s.holds(ns)))
+        .take(n)
+        .cloned()
+        .collect();
+    assert!(!chosen.is_empty(), "no parent in shards {shards:?}");
+    for (ns, name) in &chosen {
+        put_memcached(client, ns, name, size).await;
+    }
+    wait_converged(client, &chosen).await;
+    chosen
 }
 
 /// Whether a parent's last status was written for its current spec.
@@ -319,16 +323,8 @@ async fn server_shards_as_the_host_does(client: &Client, parents: &[(String, Str
     let mut seen = 0;
     for shard in Shard::all(count) {
         let query = format!(
-            "/apis/cache.example.com/v1alpha1/memcacheds?shardSelector={}",
-            shard
-                .selector()
-                .bytes()
-                .map(|b| if b.is_ascii_alphanumeric() {
-                    (b as char).to_string()
-                } else {
-                    format!("%{b:02X}")
-                })
-                .collect::<String>()
+            "/apis/cache.example.com/v1alpha1/memcacheds?{}",
+            shard.query()
         );
         let request = http::Request::get(query).body(Vec::new()).unwrap();
         let list: Value = client.request(request).await.expect("a sharded list");
@@ -404,6 +400,7 @@ async fn three_replicas_share_the_parents_and_take_over_a_dead_ones_shards() {
         );
         writes += metric(&metrics, "wasmop_api_writes_total", &["result=\"sent\""]);
         let namespaces = reconciled_namespaces(&host.logs());
+        assert!(!namespaces.is_empty(), "{pod} logged no reconcile");
         assert!(
             namespaces.iter().all(|ns| mine.iter().any(|s| s.holds(ns))),
             "{pod} reconciled outside its shards: {namespaces:?}"
@@ -441,17 +438,7 @@ async fn three_replicas_share_the_parents_and_take_over_a_dead_ones_shards() {
         "measured: a dead replica's shards held by another {:.1?} after SIGKILL",
         killed.elapsed()
     );
-    let orphans: Vec<(String, String)> = parents
-        .iter()
-        .filter(|(ns, _)| dead.iter().any(|s| s.holds(ns)))
-        .take(20)
-        .cloned()
-        .collect();
-    assert!(!orphans.is_empty(), "the dead replica held parents");
-    for (ns, name) in &orphans {
-        put_memcached(&client, ns, name, 1).await;
-    }
-    wait_converged(&client, &orphans).await;
+    let orphans = resize_in(&client, &parents, &dead, 20, 1).await;
     println!(
         "measured: the dead replica's parents reconciled by another {:.1?} after SIGKILL",
         killed.elapsed()
@@ -494,16 +481,7 @@ async fn three_replicas_share_the_parents_and_take_over_a_dead_ones_shards() {
     )
     .await;
     let theirs = shards_of(&joined, "wasmop-3", 3);
-    let moved: Vec<(String, String)> = parents
-        .iter()
-        .filter(|(ns, _)| theirs.iter().any(|s| s.holds(ns)))
-        .take(20)
-        .cloned()
-        .collect();
-    for (ns, name) in &moved {
-        put_memcached(&client, ns, name, 2).await;
-    }
-    wait_converged(&client, &moved).await;
+    let moved = resize_in(&client, &parents, &theirs, 20, 2).await;
     let newcomer = hosts[3].as_ref().unwrap();
     let namespaces = reconciled_namespaces(&newcomer.logs());
     for (ns, _) in &moved {
@@ -541,6 +519,8 @@ async fn without_server_sharding_replicas_filter_and_write_as_one_host_does() {
     let holders = wait_balanced(&world, &pods, 4).await;
     let parents = world.put_parents(&world.namespaces, 120).await;
     wait_converged(&client, &parents).await;
+    // Events are recorded off the reconcile's path: let them land, as for the single host.
+    tokio::time::sleep(Duration::from_secs(3)).await;
     let mut sharded_writes = 0.0;
     for (pod, host) in pods.iter().zip(&hosts) {
         let metrics = scrape(host).await;
@@ -594,16 +574,7 @@ async fn without_server_sharding_replicas_filter_and_write_as_one_host_does() {
     )
     .await
     .expect("the shards moved");
-    let changed: Vec<(String, String)> = parents
-        .iter()
-        .filter(|(ns, _)| theirs.iter().any(|s| s.holds(ns)))
-        .take(10)
-        .cloned()
-        .collect();
-    for (ns, name) in &changed {
-        put_memcached(&client, ns, name, 1).await;
-    }
-    wait_converged(&client, &changed).await;
+    resize_in(&client, &parents, &theirs, 10, 1).await;
     signal(frozen, "-CONT");
     // Before the other can give a shard back (two of its ticks), the woken one may hold none.
     tokio::time::sleep(Duration::from_millis(1500)).await;

@@ -67,6 +67,8 @@ pub struct Keeper {
     seen: HashMap<String, (String, Instant)>,
     // A shard given back: its fence is shut; its Lease is released on the next tick.
     releasing: Vec<Lease>,
+    // This replica's member Lease as last written, renewed without reading it first.
+    member: Option<Lease>,
     ticks: u64,
 }
 
@@ -99,6 +101,7 @@ impl Keeper {
             tx,
             seen: HashMap::new(),
             releasing: Vec::new(),
+            member: None,
             ticks: 0,
         };
         (keeper, rx)
@@ -194,19 +197,27 @@ impl Keeper {
 
     async fn renew_member(&mut self) {
         let name = self.member_name();
-        let fresh = self.lease(&name, "member");
-        let result = match self.api.get_opt(&name).await {
-            Ok(Some(mut lease)) => {
-                lease.spec = fresh.spec;
+        let mut fresh = self.lease(&name, "member");
+        // Read only when the last write is unknown or was overtaken (a restart, a conflict).
+        let last = match self.member.take() {
+            Some(last) => Ok(Some(last)),
+            None => self.api.get_opt(&name).await,
+        };
+        let result = match last {
+            Ok(Some(last)) => {
+                fresh.metadata.resource_version = last.resource_version();
                 self.api
-                    .replace(&name, &PostParams::default(), &lease)
+                    .replace(&name, &PostParams::default(), &fresh)
                     .await
             }
             Ok(None) => self.api.create(&PostParams::default(), &fresh).await,
             Err(e) => Err(e),
         };
-        if let Err(e) = result {
-            tracing::warn!(lease = %name, error = %crate::text::chain(&e), "renewing this replica's member Lease failed");
+        match result {
+            Ok(lease) => self.member = Some(lease),
+            Err(e) => {
+                tracing::warn!(lease = %name, error = %crate::text::chain(&e), "renewing this replica's member Lease failed")
+            }
         }
     }
 
@@ -277,12 +288,11 @@ impl Keeper {
                     view.members.push(who)
                 }
                 (Some("shard"), Some(who)) if live => {
-                    if let Some(shard) = self
-                        .shards
-                        .iter()
-                        .find(|s| s.lease_name(&self.sharding.lease_prefix) == name)
+                    // Leases of a group run with another count are not this keeper's.
+                    if let Some(shard) = Shard::from_lease_name(&self.sharding.lease_prefix, &name)
+                        .filter(|s| s.count() as usize == self.shards.len())
                     {
-                        view.holders.insert(*shard, who);
+                        view.holders.insert(shard, who);
                     }
                 }
                 _ => {}
@@ -356,32 +366,31 @@ impl Keeper {
     async fn take(&mut self, shard: Shard, existing: Option<Lease>) {
         let name = shard.lease_name(&self.sharding.lease_prefix);
         let mut wanted = self.lease(&name, "shard");
+        // The fence opens on a write to the Lease it observes: an update is one; a Lease
+        // created new is confirmed by one.
+        let fence = Fence::new(&name, &self.identity, self.sharding.duration);
+        fence.lead();
+        let observed: Api<Lease> = Api::namespaced(
+            fence.observe(&self.client),
+            self.api.namespace().unwrap_or_default(),
+        );
         let taken = match existing {
             Some(old) => {
                 wanted.metadata.resource_version = old.resource_version();
-                self.api
+                observed
                     .replace(&name, &PostParams::default(), &wanted)
                     .await
             }
-            None => self.api.create(&PostParams::default(), &wanted).await,
+            None => match self.api.create(&PostParams::default(), &wanted).await {
+                Ok(created) => {
+                    observed
+                        .replace(&name, &PostParams::default(), &created)
+                        .await
+                }
+                Err(e) => Err(e),
+            },
         };
-        let lease = match taken {
-            Ok(lease) => lease,
-            // Another replica was faster.
-            Err(kube::Error::Api(s)) if s.code == 409 => return,
-            Err(e) => {
-                tracing::warn!(shard = %shard, error = %crate::text::chain(&e), "taking a shard failed");
-                return;
-            }
-        };
-        // The fence opens on a renewal it observes.
-        let fence = Fence::new(&name, &self.identity, self.sharding.duration);
-        fence.lead();
-        let api: Api<Lease> = Api::namespaced(
-            fence.observe(&self.client),
-            &lease.namespace().unwrap_or_default(),
-        );
-        match api.replace(&name, &PostParams::default(), &lease).await {
+        match taken {
             Ok(lease) if fence.is_open() => {
                 tracing::info!(shard = %shard, "took the shard; reconciling its parents");
                 self.held.insert(shard, (lease, fence));
@@ -389,8 +398,10 @@ impl Keeper {
             Ok(_) => {
                 tracing::warn!(shard = %shard, "took the shard's Lease, but too late to use it")
             }
+            // Another replica was faster.
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
             Err(e) => {
-                tracing::warn!(shard = %shard, error = %crate::text::chain(&e), "confirming a shard's Lease failed")
+                tracing::warn!(shard = %shard, error = %crate::text::chain(&e), "taking a shard failed")
             }
         }
     }
@@ -436,6 +447,27 @@ impl Keeper {
         }
         tracing::info!("gave every shard back");
     }
+}
+
+/// Who each shard Lease of group `prefix` in `namespace` names as its holder, live or not:
+/// for tools and tests that watch the shards move.
+pub async fn holders(
+    client: &Client,
+    namespace: &str,
+    prefix: &str,
+) -> Result<BTreeMap<Shard, String>, kube::Error> {
+    let api: Api<Lease> = Api::namespaced(client.clone(), namespace);
+    let selector = format!("{GROUP_LABEL}={prefix},{ROLE_LABEL}=shard");
+    let list = api.list(&ListParams::default().labels(&selector)).await?;
+    Ok(list
+        .items
+        .iter()
+        .filter_map(|l| {
+            let shard = Shard::from_lease_name(prefix, &l.name_any())?;
+            let who = holder(l).filter(|h| !h.is_empty())?;
+            Some((shard, who.to_string()))
+        })
+        .collect())
 }
 
 fn holder(lease: &Lease) -> Option<&str> {

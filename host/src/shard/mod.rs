@@ -33,14 +33,7 @@ pub const QUERY_PARAM: &str = "shardSelector";
 /// Most shards a host splits parents into; each is a Lease and a set of watches.
 pub const MAX_SHARDS: u32 = 256;
 
-/// 64-bit FNV-1a, the hash the API server shards by.
-pub fn fnv1a64(bytes: &[u8]) -> u64 {
-    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-    const PRIME: u64 = 0x0000_0100_0000_01b3;
-    bytes
-        .iter()
-        .fold(OFFSET, |h, b| (h ^ u64::from(*b)).wrapping_mul(PRIME))
-}
+pub use wasmop_contract::hash::fnv1a64;
 
 /// One of `count` equal slices of the hash space, `[start, end)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -90,11 +83,38 @@ impl Shard {
         format!("shardRange({FIELD},'{}','{}')", hex(start), hex(end))
     }
 
+    /// [`Shard::selector`] as a query parameter, `shardSelector=…`, percent-encoded.
+    pub fn query(&self) -> String {
+        format!("{QUERY_PARAM}={}", percent_encode(&self.selector()))
+    }
+
     /// The name of the Lease that holds it: `<prefix>-<index>-of-<count>`, so that hosts run
     /// with different counts never share a Lease.
     pub fn lease_name(&self, prefix: &str) -> String {
         format!("{prefix}-{}-of-{}", self.index, self.count)
     }
+
+    /// The shard a Lease named by [`Shard::lease_name`] with `prefix` holds.
+    pub fn from_lease_name(prefix: &str, name: &str) -> Option<Shard> {
+        let (index, count) = name
+            .strip_prefix(prefix)?
+            .strip_prefix('-')?
+            .split_once("-of-")?;
+        Shard::new(index.parse().ok()?, count.parse().ok()?)
+    }
+}
+
+/// Every byte but the URI's unreserved ones as `%XX`.
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() * 2);
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 /// A bound as the API server wants it: `0x` and 16 lowercase hex digits, or `0x1` and 16
@@ -112,13 +132,6 @@ impl fmt::Display for Shard {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn fnv1a_matches_published_vectors() {
-        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
-        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
-        assert_eq!(fnv1a64(b"foobar"), 0x8594_4171_f739_67e8);
-    }
 
     #[test]
     fn shards_cover_the_hash_space_once() {
@@ -173,6 +186,26 @@ mod tests {
             "shardRange(object.metadata.namespace,'0x8000000000000000','0x10000000000000000')"
         );
         assert_eq!(all[1].lease_name("wasmop-shard"), "wasmop-shard-1-of-2");
+        assert_eq!(
+            Shard::from_lease_name("wasmop-shard", "wasmop-shard-1-of-2"),
+            Some(all[1])
+        );
+        for other in [
+            "wasmop-shard-2-of-2",
+            "other-1-of-2",
+            "wasmop-shard-member-a",
+            "wasmop-shard-1",
+        ] {
+            assert_eq!(
+                Shard::from_lease_name("wasmop-shard", other),
+                None,
+                "{other}"
+            );
+        }
+        assert_eq!(
+            Shard::new(0, 2).unwrap().query(),
+            "shardSelector=shardRange%28object.metadata.namespace%2C%270x0000000000000000%27%2C%270x8000000000000000%27%29"
+        );
         assert_eq!(all[1].to_string(), "1/2");
         assert_eq!(Shard::new(2, 2), None);
         assert_eq!(Shard::new(0, MAX_SHARDS + 1), None);

@@ -478,11 +478,7 @@ fn unwrap<K>(event: watcher::Event<K>, object: impl Fn(K) -> Object) -> watcher:
 /// `client`, adding `shard`'s `shardSelector` to every request (a hub's client only lists and
 /// watches).
 fn with_shard_selector(client: &Client, shard: &Shard) -> Client {
-    let param = format!(
-        "{}={}",
-        crate::shard::QUERY_PARAM,
-        percent_encode(&shard.selector())
-    );
+    let param = shard.query();
     let inner = client.clone();
     let service = tower::service_fn(move |mut request: http::Request<kube::client::Body>| {
         let inner = inner.clone();
@@ -499,30 +495,4 @@ fn with_shard_selector(client: &Client, shard: &Shard) -> Client {
         async move { inner.send(request).await }
     });
     Client::new(service, client.default_namespace())
-}
-
-/// Every byte but the URI's unreserved ones as `%XX`.
-fn percent_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() * 2);
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn selectors_are_percent_encoded() {
-        assert_eq!(
-            percent_encode("shardRange(object.metadata.namespace,'0x0','0x1')"),
-            "shardRange%28object.metadata.namespace%2C%270x0%27%2C%270x1%27%29"
-        );
-    }
 }

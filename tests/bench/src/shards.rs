@@ -11,14 +11,13 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
-use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::json;
 use testenv::TestEnv;
 use tokio::time::Instant;
 use wasmop::shard::Shard;
-use wasmop::shard::keeper::{GROUP_LABEL, ROLE_LABEL};
+use wasmop::shard::keeper;
 
 use crate::artifacts::Artifacts;
 use crate::cluster::{self, Convergence, Cr, Tracker};
@@ -346,25 +345,13 @@ async fn wait_shared(
 
 /// The holder of each shard Lease in the host namespace: index → `POD_NAME`.
 async fn shard_holders(client: &Client) -> Result<BTreeMap<u32, String>> {
-    let api: Api<Lease> = Api::namespaced(client.clone(), PLUGIN_NAMESPACE);
-    let list = api
-        .list(&ListParams::default().labels(&format!("{ROLE_LABEL}=shard,{GROUP_LABEL}")))
+    let prefix = wasmop::config::SHARD_LEASE_PREFIX;
+    Ok(keeper::holders(client, PLUGIN_NAMESPACE, prefix)
         .await
-        .context("listing the shard Leases")?;
-    let suffix = format!("-of-{SHARDS}");
-    Ok(list
-        .items
-        .iter()
-        .filter_map(|l| {
-            let name = l.metadata.name.as_deref()?;
-            let index = name
-                .strip_prefix("wasmop-shard-")?
-                .strip_suffix(&suffix)?
-                .parse()
-                .ok()?;
-            let holder = l.spec.as_ref()?.holder_identity.clone()?;
-            Some((index, holder))
-        })
+        .context("listing the shard Leases")?
+        .into_iter()
+        .filter(|(shard, _)| shard.count() == SHARDS)
+        .map(|(shard, holder)| (shard.index(), holder))
         .collect())
 }
 
