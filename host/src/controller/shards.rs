@@ -61,6 +61,12 @@ impl ShardedSupervisor {
         }
     }
 
+    /// What runs for `configmap` no longer starts on shards taken later.
+    fn forget(&mut self, configmap: &str) {
+        self.plugins.remove(configmap);
+        self.routes.remove(configmap);
+    }
+
     fn each(&mut self) -> impl Iterator<Item = &mut Supervisor> {
         self.active.values_mut().map(|(_, s)| s)
     }
@@ -132,8 +138,7 @@ impl Supervise for ShardedSupervisor {
 
     fn stop<'a>(&'a mut self, configmap: &'a str) -> BoxFuture<'a, ()> {
         async move {
-            self.plugins.remove(configmap);
-            self.routes.remove(configmap);
+            self.forget(configmap);
             for supervisor in self.each() {
                 supervisor.stop(configmap).await;
             }
@@ -143,8 +148,7 @@ impl Supervise for ShardedSupervisor {
 
     fn retire<'a>(&'a mut self, configmap: &'a str) -> BoxFuture<'a, ()> {
         async move {
-            self.plugins.remove(configmap);
-            self.routes.remove(configmap);
+            self.forget(configmap);
             for supervisor in self.each() {
                 supervisor.retire(configmap).await;
             }
