@@ -3,12 +3,13 @@
 //!
 //! Every [`TICK`] a replica lists the Leases and renews those of its own that are due: its
 //! member Lease and the shard Leases it holds, each a third of its duration after the last
-//! renewal, as leader election does, so twelve shards held on 15 s Leases cost the plane
-//! about three writes a second rather than six. A Lease whose `resourceVersion` has not moved for its duration, as this replica
-//! watched it (not by the writer's clock), is expired. With `m` live members each replica holds
-//! `ceil(shards / m)` at most: a replica under that takes free or expired shards, a few per
-//! tick; one over it, or the most loaded one while another holds less than `floor(shards / m)`,
-//! gives one back per tick. So replicas joining or leaving move whole shards, a few at a time.
+//! renewal, so twelve shards held on 15 s Leases cost the plane about three writes a second
+//! rather than six. A Lease whose `resourceVersion` has not moved for its duration, as this
+//! replica watched it (not by the writer's clock), is expired. With `m` live members each
+//! replica holds `ceil(shards / m)` at most: a replica under that takes free or expired
+//! shards, a few per tick; one over it, or the most loaded one while another holds less than
+//! `floor(shards / m)`, gives one back per tick. So replicas joining or leaving move whole
+//! shards, a few at a time.
 //!
 //! Each held shard has its own [`Fence`]: it opens on the renewal that acquired the Lease and
 //! shuts the moment the Lease is lost or stops being renewed in time, as the leader's does.
