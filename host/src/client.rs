@@ -153,6 +153,12 @@ impl Fence {
         })
     }
 
+    /// When the renewal that keeps the fence open was sent (`None` unless leading).
+    pub fn renewed_at(&self) -> Option<Instant> {
+        self.deadline()
+            .and_then(|d| d.checked_sub(self.inner.valid_for))
+    }
+
     /// The Lease was acquired: open the fence, for as long as the acquiring request (seen by
     /// [`Fence::observe`]) allows.
     pub fn lead(&self) {
@@ -415,6 +421,11 @@ mod tests {
             left <= Duration::from_secs(4) && left > Duration::from_secs(3),
             "{left:?}"
         );
+        let ago = Instant::now() - fence.renewed_at().unwrap();
+        assert!(
+            ago >= Duration::from_secs(10) && ago < Duration::from_secs(11),
+            "{ago:?}"
+        );
 
         // Long expired: still shut, until a renewal succeeds.
         let fence = Fence::new("l", "me", Duration::from_secs(15));
@@ -437,6 +448,7 @@ mod tests {
         fence.saw(&lease("me", Duration::ZERO), Instant::now(), true);
         assert!(!fence.is_open(), "lost is for good");
         assert_eq!(fence.deadline(), None);
+        assert_eq!(fence.renewed_at(), None);
         assert!(Fence::unfenced().is_open());
     }
 

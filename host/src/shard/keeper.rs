@@ -201,13 +201,13 @@ impl Keeper {
         }
     }
 
-    fn renew_every(&self) -> Duration {
-        renew_every(self.sharding.duration)
-    }
-
     async fn renew_member(&mut self) {
         let started = Instant::now();
-        if !due(self.member_renewed, started, self.renew_every()) {
+        if !due(
+            self.member_renewed,
+            started,
+            renew_every(self.sharding.duration),
+        ) {
             return;
         }
         let name = self.member_name();
@@ -242,13 +242,9 @@ impl Keeper {
     /// Lease names another holder, or whose fence shut for want of a renewal, is lost.
     async fn renew_held(&mut self) {
         let mut lost = Vec::new();
-        let every = self.renew_every();
+        let every = renew_every(self.sharding.duration);
         for (shard, (lease, fence)) in &mut self.held {
-            // The fence knows when its last renewal was sent: its deadline less its validity.
-            let last = fence
-                .deadline()
-                .and_then(|d| d.checked_sub(fence.valid_for()));
-            if !due(last, Instant::now(), every) {
+            if !due(fence.renewed_at(), Instant::now(), every) {
                 continue;
             }
             let name = lease.name_any();
