@@ -9,7 +9,8 @@ use serde_json::{Value, json};
 use wasmop::gather::{self, ObjectList};
 use wasmop::kinds::Scope;
 use wasmop::sandbox::{
-    Call, Compiler, Limits, Plugin, PluginError, PluginErrorKind, Sandbox, SandboxConfig,
+    Call, Compiler, KEEP_RESIDENT, Limits, Plugin, PluginError, PluginErrorKind, Sandbox,
+    SandboxConfig,
 };
 use wasmop::validate::{self, Target, ValidationError};
 use wasmop_contract::KindRef;
@@ -342,6 +343,55 @@ fn clocks_and_randomness_are_deterministic() {
     assert_eq!(
         resp["children"][0]["data"]["wallSeconds"], "946684800",
         "2000-01-01"
+    );
+}
+
+#[test]
+fn nothing_a_call_leaves_in_memory_reaches_the_next() {
+    // Freed slots keep their pages resident and are reset in place, and memory a call grew is
+    // unmapped; the next call on the same slot (the same plugin takes it first) must still
+    // see the module's initial memory.
+    let plugin = adversarial();
+    let req = request("remember");
+    for call in 1..=20 {
+        let resp = plugin.reconcile_blocking(&req).expect("remember");
+        let data = &resp.children[0]["data"];
+        assert_eq!(
+            data["calls"], "1",
+            "call {call} saw an earlier call's static"
+        );
+        assert_eq!(
+            data["staleBytes"], "0",
+            "call {call} saw an earlier call's heap"
+        );
+    }
+}
+
+#[test]
+fn a_freed_slot_keeps_its_touched_pages_up_to_the_bound() {
+    // A pool of one: every call takes the same slot.
+    let sandbox = Sandbox::new(SandboxConfig {
+        max_instances: 1,
+        cache_dir: None,
+        ..SandboxConfig::default()
+    })
+    .expect("sandbox");
+    let wasm = test_artifacts::read(test_artifacts::ADVERSARIAL);
+    let plugin = sandbox.load_blocking(&wasm, LIMITS).expect("loads");
+    plugin
+        .reconcile_blocking(&request("normal"))
+        .expect("normal");
+    let small = sandbox.pool_resident_bytes();
+    assert!(small > 0, "a small call's pages are kept for the next");
+    // This call touches a 512 KiB block on top: only KEEP_RESIDENT of the memory stays (the
+    // guest's table adds a few KiB).
+    plugin
+        .reconcile_blocking(&request("remember"))
+        .expect("remember");
+    let big = sandbox.pool_resident_bytes();
+    assert!(
+        big > small && big <= KEEP_RESIDENT + (64 << 10),
+        "kept {big} bytes after a 512 KiB call ({small} after a small one)"
     );
 }
 

@@ -51,6 +51,7 @@ use wasmtime::Engine;
 use wasmtime::component::{HasSelf, Linker};
 
 pub use compile::{COMPILE_COMMAND, Compiler, serve as serve_compile};
+pub use engine::KEEP_RESIDENT;
 pub use error::{Call, PluginError, PluginErrorKind, SandboxError, UNKNOWN_PLUGIN};
 pub use limits::{Limits, MEMORY_CEILING, MemoryBudget};
 pub use plugin::Plugin;
@@ -281,6 +282,17 @@ impl Sandbox {
                 "compiling took longer than {limit:?}; it was abandoned"
             )))),
         }
+    }
+
+    /// Bytes that freed pool slots keep resident (linear memories and tables), ready for the
+    /// next call: at most [`KEEP_RESIDENT`] per memory or table slot ever used.
+    pub fn pool_resident_bytes(&self) -> usize {
+        self.inner
+            .engine
+            .pooling_allocator_metrics()
+            .map_or(0, |m| {
+                m.unused_memory_bytes_resident() + m.unused_table_bytes_resident()
+            })
     }
 
     /// [`Sandbox::load`] on the calling thread (compiling may take 100 ms), without shared

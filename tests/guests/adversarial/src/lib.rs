@@ -169,6 +169,12 @@ impl Guest for Adversarial {
                 child["data"]["hash"] = json!(hasher.finish().to_string());
                 child["data"]["setOrder"] = json!(keys.join(","));
             }
+            // Looks for what an earlier call left in a static and on the heap.
+            "remember" => {
+                let (calls, stale) = remember();
+                child["data"]["calls"] = json!(calls.to_string());
+                child["data"]["staleBytes"] = json!(stale.to_string());
+            }
             "flood" => {
                 let children: Vec<Value> = (0..10_000)
                     .map(|i| json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": format!("{name}-{i}")}}))
@@ -210,6 +216,42 @@ fn hoard() -> ! {
     loop {
         hoard.push(std::hint::black_box(vec![1u8; 1 << 20]));
     }
+}
+
+/// Counts this call in a static and returns the count with how many bytes of a fresh heap
+/// block (memory the call grows) and of a fresh stack buffer (memory the module starts with)
+/// still hold the mark an earlier call wrote there; 1 and 0 when every call starts clean.
+fn remember() -> (u32, usize) {
+    use std::alloc::{Layout, alloc, dealloc};
+    use std::mem::MaybeUninit;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static CALLS: AtomicU32 = AtomicU32::new(0);
+    const MARK: u8 = 0xa5;
+    /// Counts the bytes of `block` that hold `MARK`, then marks them all.
+    ///
+    /// SAFETY: `block` is valid for `len` bytes; reading them before writing is the point
+    /// (wasm memory is always initialised bytes).
+    unsafe fn stale_then_mark(block: *mut u8, len: usize) -> usize {
+        let stale = (0..len)
+            .filter(|&i| unsafe { std::ptr::read_volatile(block.add(i)) } == MARK)
+            .count();
+        unsafe { std::ptr::write_bytes(block, MARK, len) };
+        stale
+    }
+    let calls = CALLS.fetch_add(1, Ordering::Relaxed) + 1;
+    let layout = Layout::from_size_align(512 << 10, 16).expect("layout");
+    let mut stack = MaybeUninit::<[u8; 384 << 10]>::uninit();
+    // SAFETY: the heap block is allocated with `layout` and freed with it; the stack buffer
+    // lives to the end of this function; each is touched only within its length.
+    let stale = unsafe {
+        let block = alloc(layout);
+        assert!(!block.is_null(), "out of memory");
+        let heap = stale_then_mark(block, layout.size());
+        dealloc(block, layout);
+        heap + stale_then_mark(stack.as_mut_ptr().cast(), 384 << 10)
+    };
+    std::hint::black_box(&stack);
+    (calls, stale)
 }
 
 fn recurse(depth: u64) -> u64 {
