@@ -27,6 +27,9 @@ pub struct CallCost {
     pub sandbox: Duration,
     /// Natively.
     pub native: Duration,
+    /// What the sandbox's freed slots kept resident after the calls (one slot: they ran one
+    /// at a time).
+    pub kept: usize,
 }
 
 /// Times `calls` calls of each kind per pod count (after a tenth as many to warm up).
@@ -40,6 +43,7 @@ pub fn measure(wasm: &Path, calls: u32) -> Result<Vec<CallCost>> {
         .map(|&pods| {
             let req = memcached_request::request(&plugin, pods)?;
             let sandboxed = sandbox_mean(&plugin, &req, calls)?;
+            let kept = sandbox.pool_resident_bytes();
             let native = mean(calls, || {
                 wasmop_guest::testing::reconcile::<memcached::MemcachedPlugin>(&req)
                     .map(drop)
@@ -49,6 +53,7 @@ pub fn measure(wasm: &Path, calls: u32) -> Result<Vec<CallCost>> {
                 pods,
                 sandbox: sandboxed,
                 native,
+                kept,
             })
         })
         .collect()

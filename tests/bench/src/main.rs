@@ -7,6 +7,7 @@
 //! cargo run -p bench -- --quick               # CI: 20 objects, dev builds: does it all run
 //! cargo run --release -p bench                # 1000 objects, both limit settings, ~16 min
 //! cargo run --release -p bench -- --shards-only # 1 to 3 sharded replicas, 3000 parents
+//! cargo run --release -p bench -- --calls-only  # one plugin call, sandboxed and native
 //! ```
 //!
 //! It builds what it runs (see [`artifacts`]), prints a Markdown report and writes it to
@@ -104,9 +105,13 @@ struct Args {
     /// Only the sharding part; nothing else.
     #[arg(long)]
     shards_only: bool,
+    /// Only the plugin-call timing (and, without --quick, the optimisation levels); nothing
+    /// else, no plane.
+    #[arg(long)]
+    calls_only: bool,
     /// Where to write the report [default: docs/benchmarks.md, or
     /// target/bench/benchmarks-quick.md with --quick, or target/bench/benchmarks-shards.md
-    /// with --shards-only].
+    /// with --shards-only, or target/bench/benchmarks-calls.md with --calls-only].
     #[arg(long)]
     out: Option<PathBuf>,
 }
@@ -209,7 +214,7 @@ async fn run(args: Args) -> Result<Report> {
     } else {
         vec![10, 20, 50, 100]
     });
-    let most_kinds = if args.shards_only {
+    let most_kinds = if args.shards_only || args.calls_only {
         0
     } else {
         plugin_counts
@@ -273,6 +278,30 @@ async fn run(args: Args) -> Result<Report> {
         .await?;
         Some(result.map_err(|e| format!("{e:#}")))
     };
+    if args.calls_only {
+        let report = Report {
+            command: command_line(),
+            date: report::today(),
+            machine: report::machine(),
+            setup: "the plugin-call timing only".into(),
+            single: Vec::new(),
+            many: None,
+            scale: Vec::new(),
+            plugins: Vec::new(),
+            floors: None,
+            shards: None,
+            calls,
+            opt_levels,
+            took_secs: started.elapsed().as_secs_f64(),
+            method: false,
+        };
+        let out = args
+            .out
+            .clone()
+            .unwrap_or_else(|| artifacts::bench_dir().join("benchmarks-calls.md"));
+        write_report(&report, &out)?;
+        return Ok(report);
+    }
 
     let floor_n = args.floor.or((!args.quick).then_some(crs));
     let floors = match floor_n {

@@ -853,16 +853,23 @@ fn calls_table(w: &mut String, calls: &Result<Vec<CallCost>, String>) {
     let _ = writeln!(
         w,
         "The Memcached reconcile through the sandbox (fresh instance, JSON in and out) and natively \
-         (the SDK's JSON path), mean per call:\n"
+         (the SDK's JSON path), mean per call, and what the freed pool slot kept resident for \
+         the next call afterwards:\n"
     );
     let _ = writeln!(
         w,
-        "| observed pods | sandbox (µs) | native (µs) | sandbox/native |"
+        "| observed pods | sandbox (µs) | native (µs) | sandbox/native | kept resident (KiB) |"
     );
-    let _ = writeln!(w, "|---:|---:|---:|---:|");
+    let _ = writeln!(w, "|---:|---:|---:|---:|---:|");
     for c in calls {
         let (s, n) = (c.sandbox.as_secs_f64() * 1e6, c.native.as_secs_f64() * 1e6);
-        let _ = writeln!(w, "| {} | {s:.1} | {n:.1} | {:.1}× |", c.pods, s / n);
+        let _ = writeln!(
+            w,
+            "| {} | {s:.1} | {n:.1} | {:.1}× | {} |",
+            c.pods,
+            s / n,
+            c.kept >> 10
+        );
     }
     let _ = writeln!(w);
 }
