@@ -362,7 +362,7 @@ fn nothing_a_call_leaves_in_memory_reaches_the_next() {
         );
         assert_eq!(
             data["staleBytes"], "0",
-            "call {call} saw an earlier call's heap"
+            "call {call} saw an earlier call's heap or stack"
         );
     }
 }
@@ -383,15 +383,16 @@ fn a_freed_slot_keeps_its_touched_pages_up_to_the_bound() {
         .expect("normal");
     let small = sandbox.pool_resident_bytes();
     assert!(small > 0, "a small call's pages are kept for the next");
-    // This call touches a 512 KiB block on top: only KEEP_RESIDENT of the memory stays (the
-    // guest's table adds a few KiB).
+    // This call also touches a 384 KiB stack buffer, inside the memory the module starts
+    // with: exactly KEEP_RESIDENT of the memory stays (the guest's table adds a few KiB).
     plugin
         .reconcile_blocking(&request("remember"))
         .expect("remember");
     let big = sandbox.pool_resident_bytes();
     assert!(
-        big > small && big <= KEEP_RESIDENT + (64 << 10),
-        "kept {big} bytes after a 512 KiB call ({small} after a small one)"
+        (KEEP_RESIDENT..=KEEP_RESIDENT + (64 << 10)).contains(&big),
+        "kept {big} bytes after a call that touched more than {KEEP_RESIDENT} \
+         ({small} after a small one)"
     );
 }
 

@@ -169,7 +169,7 @@ impl Guest for Adversarial {
                 child["data"]["hash"] = json!(hasher.finish().to_string());
                 child["data"]["setOrder"] = json!(keys.join(","));
             }
-            // Looks for what an earlier call left in a static and on the heap.
+            // Looks for what an earlier call left in a static, on the heap and on the stack.
             "remember" => {
                 let (calls, stale) = remember();
                 child["data"]["calls"] = json!(calls.to_string());
