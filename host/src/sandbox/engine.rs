@@ -33,7 +33,7 @@ const TABLES_PER_COMPONENT: u32 = 4;
 
 /// Bytes a freed memory or table slot may keep resident, reset in place for the next call:
 /// a Memcached call with 3 pods touches 44 KiB, one with 100 more than this. Idle slots of
-/// one-memory guests (Rust's) in the default pool of 64 instances hold at most about 16 MiB.
+/// one-memory guests (Rust's) in the default pool of 64 instances hold about 17 MiB at most.
 pub const KEEP_RESIDENT: usize = 256 << 10;
 /// Freed slots left warm for other plugins before the least recently used is taken over.
 const UNUSED_WARM_SLOTS: u32 = 4;
