@@ -37,6 +37,16 @@ fn sandbox() -> &'static Sandbox {
     })
 }
 
+/// A sandbox of its own with `max_instances` slots, no disk cache, defaults otherwise.
+fn pool_of(max_instances: u32) -> Sandbox {
+    Sandbox::new(SandboxConfig {
+        max_instances,
+        cache_dir: None,
+        ..SandboxConfig::default()
+    })
+    .expect("sandbox")
+}
+
 fn adversarial() -> Plugin {
     let wasm = test_artifacts::read(test_artifacts::ADVERSARIAL);
     sandbox()
@@ -370,12 +380,7 @@ fn nothing_a_call_leaves_in_memory_reaches_the_next() {
 #[test]
 fn a_freed_slot_keeps_its_touched_pages_up_to_the_bound() {
     // A pool of one: every call takes the same slot.
-    let sandbox = Sandbox::new(SandboxConfig {
-        max_instances: 1,
-        cache_dir: None,
-        ..SandboxConfig::default()
-    })
-    .expect("sandbox");
+    let sandbox = pool_of(1);
     let wasm = test_artifacts::read(test_artifacts::ADVERSARIAL);
     let plugin = sandbox.load_blocking(&wasm, LIMITS).expect("loads");
     plugin
@@ -550,12 +555,7 @@ fn bad_manifest_is_refused_at_load() {
 
 #[test]
 fn async_calls_run_concurrently_on_a_small_pool() {
-    let sandbox = Sandbox::new(SandboxConfig {
-        max_instances: 2,
-        cache_dir: None,
-        ..SandboxConfig::default()
-    })
-    .unwrap();
+    let sandbox = pool_of(2);
     let wasm = test_artifacts::read(test_artifacts::ADVERSARIAL);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -767,12 +767,7 @@ fn a_compile_past_its_deadline_fails_the_load() {
         );
     });
     // The same module with time to spare loads.
-    let patient = Sandbox::new(SandboxConfig {
-        max_instances: 1,
-        cache_dir: None,
-        ..SandboxConfig::default()
-    })
-    .unwrap();
+    let patient = pool_of(1);
     runtime.block_on(async {
         let plugin = patient.load(wasm, LIMITS).await.unwrap();
         assert_eq!(plugin.manifest().name, "memcached");

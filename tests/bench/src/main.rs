@@ -234,27 +234,12 @@ async fn run(args: Args) -> Result<Report> {
     .await??;
 
     if args.shards_only {
+        let shards = sharding(&art, shards_parents.unwrap_or(3000)).await;
         let report = Report {
-            command: command_line(),
-            date: report::today(),
-            machine: report::machine(),
-            setup: "the sharding part only".into(),
-            single: Vec::new(),
-            many: None,
-            scale: Vec::new(),
-            plugins: Vec::new(),
-            floors: None,
-            shards: Some(sharding(&art, shards_parents.unwrap_or(3000)).await),
-            calls: None,
-            opt_levels: None,
-            took_secs: started.elapsed().as_secs_f64(),
-            method: false,
+            shards: Some(shards),
+            ..part_report("the sharding part only".into(), started)
         };
-        let out = args
-            .out
-            .clone()
-            .unwrap_or_else(|| artifacts::bench_dir().join("benchmarks-shards.md"));
-        write_report(&report, &out)?;
+        write_report(&report, &part_out(&args, "benchmarks-shards.md"))?;
         return Ok(report);
     }
 
@@ -280,26 +265,11 @@ async fn run(args: Args) -> Result<Report> {
     };
     if args.calls_only {
         let report = Report {
-            command: command_line(),
-            date: report::today(),
-            machine: report::machine(),
-            setup: "the plugin-call timing only".into(),
-            single: Vec::new(),
-            many: None,
-            scale: Vec::new(),
-            plugins: Vec::new(),
-            floors: None,
-            shards: None,
             calls,
             opt_levels,
-            took_secs: started.elapsed().as_secs_f64(),
-            method: false,
+            ..part_report("the plugin-call timing only".into(), started)
         };
-        let out = args
-            .out
-            .clone()
-            .unwrap_or_else(|| artifacts::bench_dir().join("benchmarks-calls.md"));
-        write_report(&report, &out)?;
+        write_report(&report, &part_out(&args, "benchmarks-calls.md"))?;
         return Ok(report);
     }
 
@@ -317,20 +287,9 @@ async fn run(args: Args) -> Result<Report> {
     };
     if args.floor_only {
         let report = Report {
-            command: command_line(),
-            date: report::today(),
-            machine: report::machine(),
-            setup: format!("concurrency {}", args.concurrency),
-            single: Vec::new(),
-            many: None,
-            scale: Vec::new(),
-            plugins: Vec::new(),
             floors,
-            shards: None,
-            calls: None,
-            opt_levels: None,
-            took_secs: started.elapsed().as_secs_f64(),
             method: true,
+            ..part_report(format!("concurrency {}", args.concurrency), started)
         };
         println!("{}", report.markdown());
         return Ok(report);
@@ -508,6 +467,33 @@ async fn run(args: Args) -> Result<Report> {
     });
     write_report(&report, &out)?;
     Ok(report)
+}
+
+/// The report of one part run alone (`--*-only`): the part's fields are set by the caller.
+fn part_report(setup: String, started: std::time::Instant) -> Report {
+    Report {
+        command: command_line(),
+        date: report::today(),
+        machine: report::machine(),
+        setup,
+        single: Vec::new(),
+        many: None,
+        scale: Vec::new(),
+        plugins: Vec::new(),
+        floors: None,
+        shards: None,
+        calls: None,
+        opt_levels: None,
+        took_secs: started.elapsed().as_secs_f64(),
+        method: false,
+    }
+}
+
+/// Where a part run alone writes its report: `--out`, or `name` under `target/bench`.
+fn part_out(args: &Args, name: &str) -> PathBuf {
+    args.out
+        .clone()
+        .unwrap_or_else(|| artifacts::bench_dir().join(name))
 }
 
 /// The sharding part: `parents` parents on 1, 2 and 3 replicas, each on a fresh plane; a
