@@ -76,6 +76,11 @@ pub const ARTIFACT_FETCH_TIMEOUT: Duration = Duration::from_secs(5);
 /// Plugin calls that may run at once over all plugins; more wait for a slot.
 pub const MAX_INSTANCES: u32 = 64;
 
+/// How often the finalizers of plugins whose ConfigMaps are gone are looked for (besides
+/// after every list and deletion of plugin ConfigMaps): a sweep that failed, or that waited
+/// for this replica to lead or hold its shard, is tried again this often.
+pub const FINALIZER_SWEEP: Duration = Duration::from_secs(60);
+
 /// How often a plugin whose kinds are not served yet (a missing CRD) is checked again.
 pub const KIND_RETRY: Duration = Duration::from_secs(5);
 

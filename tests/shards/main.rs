@@ -38,11 +38,23 @@ struct World {
 
 impl World {
     async fn new(client: Client, label: &str, namespaces: usize) -> World {
+        let wasm = test_artifacts::read(test_artifacts::MEMCACHED);
+        World::with_plugin(client, label, namespaces, "memcached", wasm).await
+    }
+
+    /// The plugin `wasm` in ConfigMap `configmap` of a new host namespace, granted its
+    /// rights in every namespace, and `namespaces` namespaces for parents.
+    async fn with_plugin(
+        client: Client,
+        label: &str,
+        namespaces: usize,
+        configmap: &str,
+        wasm: Vec<u8>,
+    ) -> World {
         install_crds(&client).await;
         let host_ns = testenv::namespace(&client, &format!("{label}-host"))
             .await
             .expect("host namespace");
-        let wasm = test_artifacts::read(test_artifacts::MEMCACHED);
         let plugin = {
             let wasm = wasm.clone();
             tokio::task::spawn_blocking(move || wasmop::cmd::probe(&wasm))
@@ -52,7 +64,7 @@ impl World {
         };
         // Cluster-wide rights: the replicas reconcile in every namespace.
         let options = wasmop::cmd::rbac::Options {
-            configmap: Some("memcached".into()),
+            configmap: Some(configmap.into()),
             name: Some(format!("wasmop-plugin-{}", host_ns.name())),
             namespace: host_ns.name().to_string(),
             service_account: "wasmop".into(),
@@ -63,16 +75,12 @@ impl World {
         testenv::apply_objects(&client, rbac, "shards")
             .await
             .expect("the plugin's RBAC");
-        let cm = wasmop::cmd::package::package(&wasm, "memcached", host_ns.name(), None)
+        let cm = wasmop::cmd::package::package(&wasm, configmap, host_ns.name(), None)
             .expect("a plugin ConfigMap")
             .configmap;
         host_ns
             .api::<ConfigMap>()
-            .patch(
-                "memcached",
-                &PatchParams::apply("shards"),
-                &Patch::Apply(&cm),
-            )
+            .patch(configmap, &PatchParams::apply("shards"), &Patch::Apply(&cm))
             .await
             .expect("the plugin ConfigMap");
         let mut world = World {
@@ -650,5 +658,121 @@ async fn without_server_sharding_replicas_filter_and_write_as_one_host_does() {
     assert!(
         (sharded - one).abs() <= 0.15 * one,
         "sharded replicas write {sharded:.2} per parent, one host {one:.2}"
+    );
+}
+
+/// A plugin's ConfigMap deleted while the replica holding some shards is dead: the survivor
+/// releases the finalizer from its own shards' parents at once, and from the dead one's (whose
+/// shards include that of cluster-scoped objects, the one that sweeps) once it takes them.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_plugin_deleted_while_shards_have_no_holder_still_has_its_finalizer_released() {
+    const FINALIZER: &str = "wasmop.io/finalizing";
+    let cluster = testenv::shared().await.expect("control plane");
+    let client = cluster.client().await.expect("client");
+    let kubeconfig = cluster.kubeconfig_path().to_path_buf();
+    let wasm = test_artifacts::read(test_artifacts::FINALIZING);
+    let world = World::with_plugin(client.clone(), "fin", 12, "finalizing", wasm).await;
+
+    let args = ["--shards", "4", "--lease-duration-seconds", LEASE_SECONDS];
+    let pods = ["wasmop-a", "wasmop-b"];
+    let mut hosts: Vec<Option<Host>> = pods
+        .iter()
+        .map(|p| Some(world.host(p, &kubeconfig, &args)))
+        .collect();
+    let holders = wait_balanced(&world, &pods, 4).await;
+
+    // A Probe in every namespace, each holding its deletion on the plugin's finalizer.
+    let probes: Vec<(String, String)> = world
+        .namespaces
+        .iter()
+        .map(|ns| (ns.name().to_string(), "p".to_string()))
+        .collect();
+    let api = |ns: &str| {
+        Api::<DynamicObject>::namespaced_with(client.clone(), ns, &common::probe_resource())
+    };
+    for (ns, name) in &probes {
+        let probe = json!({"apiVersion": "test.wasmop.io/v1", "kind": "Probe", "metadata": {"name": name}, "spec": {}});
+        api(ns)
+            .patch(name, &PatchParams::apply("shards"), &Patch::Apply(&probe))
+            .await
+            .expect("a Probe");
+    }
+    let finalized = |p: &DynamicObject| {
+        p.metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .any(|f| f == FINALIZER)
+    };
+    for (ns, name) in &probes {
+        testenv::wait_until(
+            &format!("Probe {ns}/{name} to get {FINALIZER}"),
+            common::TIMEOUT,
+            || async { api(ns).get(name).await },
+            finalized,
+        )
+        .await
+        .expect("the finalizer");
+        api(ns)
+            .delete(name, &Default::default())
+            .await
+            .expect("deleted");
+    }
+
+    // Kill the replica holding the shard of cluster-scoped objects, then delete the plugin.
+    let designated = Shard::all(4).into_iter().find(|s| s.holds("")).unwrap();
+    let victim = pods
+        .iter()
+        .position(|p| holders.get(&designated.index()) == Some(&p.to_string()))
+        .expect("a replica holds every shard");
+    let survivor = hosts[1 - victim].take().unwrap();
+    let theirs = shards_of(&holders, pods[victim], 4);
+    let orphaned = parents_in(&probes, &theirs);
+    assert!(orphaned > 0, "the dead replica's shards have Probes");
+    signal(hosts[victim].as_ref().unwrap(), "-KILL");
+    world
+        .host_ns
+        .api::<ConfigMap>()
+        .delete("finalizing", &Default::default())
+        .await
+        .expect("the plugin ConfigMap deleted");
+
+    for (ns, name) in &probes {
+        testenv::wait_until(
+            &format!("Probe {ns}/{name} to be deleted"),
+            common::TIMEOUT,
+            || async { api(ns).get_opt(name).await },
+            Option::is_none,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}\nsurvivor's log:\n{}", survivor.logs()));
+    }
+    // The sweep released exactly the dead replica's Probes: the survivor's went from its cache.
+    let log = survivor.logs();
+    let swept: usize = log
+        .lines()
+        .filter(|l| l.contains("released the finalizer of a plugin whose ConfigMap is gone"))
+        .filter_map(|l| {
+            l.split("released=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse::<usize>()
+                .ok()
+        })
+        .sum();
+    println!(
+        "measured: {orphaned} Probes in the dead replica's shards, {swept} released by the sweep"
+    );
+    assert_eq!(swept, orphaned, "{log}");
+    let record = world
+        .host_ns
+        .api::<ConfigMap>()
+        .get_opt("wasmop-finalizers")
+        .await
+        .unwrap();
+    assert!(
+        record.and_then(|cm| cm.data).unwrap_or_default().is_empty(),
+        "the record forgets the plugin once released"
     );
 }

@@ -1,11 +1,21 @@
-//! The child kinds each plugin has had, kept across host restarts.
+//! What each plugin has left in the cluster, kept across host restarts: its child kinds and
+//! the finalizer it puts on its parents.
 //!
 //! A version that drops a child kind still has children of that kind out there, and only the
 //! host knows they were the plugin's. The host records every plugin's child kinds, declared and
 //! retired, in the ConfigMap [`LEDGER`] of its own namespace, one key per plugin ConfigMap, so
-//! a host that starts after the swap — or was down during it — still prunes them. The record
-//! is input like any ConfigMap: it is bounded, and a kind in it only widens what the plugin
-//! prunes among its own children (labelled with its name, controlled by its parents).
+//! a host that starts after the swap — or was down during it — still prunes them.
+//!
+//! Likewise a plugin's finalizer outlives a ConfigMap deleted while no host ran (or while a
+//! shard had no holder): the host records each plugin's parent kind and finalizer in
+//! [`FINALIZERS`], and takes that finalizer off the parents of any plugin on record whose
+//! ConfigMap is gone (`release::sweep`).
+//!
+//! A record is input like any ConfigMap: it is bounded, and what it names only widens what a
+//! plugin's own identity does to its own objects (prunes its children of a kind, takes a
+//! `wasmop.io/` finalizer off its parents).
+
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Client;
@@ -13,16 +23,17 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 use wasmop_contract::KindRef;
 
-/// The ConfigMap, in the host's namespace.
+/// The ConfigMap of child kinds, in the host's namespace.
 pub const LEDGER: &str = "wasmop-child-kinds";
+/// The ConfigMap of finalizers, in the host's namespace.
+pub const FINALIZERS: &str = "wasmop-finalizers";
 /// Kinds kept per plugin; more are dropped, oldest retired first.
 pub const MAX_KINDS: usize = 32;
+/// Finalizer records read at most.
+pub const MAX_FINALIZERS: usize = 1024;
 
-/// Reads and writes [`LEDGER`].
-#[derive(Clone)]
-pub struct Ledger {
-    api: Api<ConfigMap>,
-}
+/// What every finalizer the host records starts with.
+const FINALIZER_PREFIX: &str = "wasmop.io/";
 
 /// One `apiVersion kind` per line.
 pub fn format(kinds: &[KindRef]) -> String {
@@ -32,13 +43,16 @@ pub fn format(kinds: &[KindRef]) -> String {
         .collect()
 }
 
+fn plausible(word: &str) -> bool {
+    word.len() <= 253 && word.chars().all(|c| c.is_ascii_graphic())
+}
+
 /// The kinds in `text`: well-formed lines only, at most [`MAX_KINDS`].
 pub fn parse(text: &str) -> Vec<KindRef> {
     text.lines()
         .filter_map(|line| {
             let mut words = line.split_whitespace();
             let (api_version, kind) = (words.next()?, words.next()?);
-            let plausible = |w: &str| w.len() <= 253 && w.chars().all(|c| c.is_ascii_graphic());
             (words.next().is_none() && plausible(api_version) && plausible(kind))
                 .then(|| KindRef::new(api_version, kind))
         })
@@ -46,25 +60,100 @@ pub fn parse(text: &str) -> Vec<KindRef> {
         .collect()
 }
 
+/// The finalizer a plugin puts on parents of one kind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finalizer {
+    /// The parent kind.
+    pub parent: KindRef,
+    /// `wasmop.io/<plugin>`.
+    pub name: String,
+}
+
+impl Finalizer {
+    /// `apiVersion kind finalizer`, one line.
+    pub fn format(&self) -> String {
+        format!(
+            "{} {} {}\n",
+            self.parent.api_version, self.parent.kind, self.name
+        )
+    }
+
+    /// The record in `text`, if it is one line of three plausible words and the finalizer is
+    /// one the host gives plugins.
+    pub fn parse(text: &str) -> Option<Finalizer> {
+        let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+        let mut words = lines.next()?.split_whitespace();
+        let (api_version, kind, name) = (words.next()?, words.next()?, words.next()?);
+        let well_formed = lines.next().is_none()
+            && words.next().is_none()
+            && [api_version, kind, name].into_iter().all(plausible)
+            && name.len() > FINALIZER_PREFIX.len()
+            && name.starts_with(FINALIZER_PREFIX);
+        well_formed.then(|| Finalizer {
+            parent: KindRef::new(api_version, kind),
+            name: name.to_string(),
+        })
+    }
+}
+
+/// Reads and writes one record ConfigMap, [`LEDGER`] or [`FINALIZERS`].
+#[derive(Clone)]
+pub struct Ledger {
+    api: Api<ConfigMap>,
+    name: &'static str,
+}
+
 impl Ledger {
-    /// The ledger in `namespace`.
+    /// The child kinds on record in `namespace`.
     pub fn new(client: Client, namespace: &str) -> Self {
         Ledger {
             api: Api::namespaced(client, namespace),
+            name: LEDGER,
         }
+    }
+
+    /// The finalizers on record in `namespace`.
+    pub fn finalizers(client: Client, namespace: &str) -> Self {
+        Ledger {
+            api: Api::namespaced(client, namespace),
+            name: FINALIZERS,
+        }
+    }
+
+    /// Every entry, by plugin ConfigMap (none without the ConfigMap).
+    async fn entries(&self) -> kube::Result<BTreeMap<String, String>> {
+        let cm = self.api.get_opt(self.name).await?;
+        Ok(cm.and_then(|cm| cm.data).unwrap_or_default())
     }
 
     /// The kinds recorded for `configmap` (none without a record); `None` when the record
     /// cannot be read, so that it is not overwritten either.
     pub async fn read(&self, configmap: &str) -> Option<Vec<KindRef>> {
-        match self.api.get_opt(LEDGER).await {
-            Ok(cm) => Some(
-                cm.and_then(|cm| cm.data?.remove(configmap))
-                    .map(|text| parse(&text))
+        match self.entries().await {
+            Ok(mut data) => Some(
+                data.remove(configmap)
+                    .map(|t| parse(&t))
                     .unwrap_or_default(),
             ),
             Err(e) => {
-                tracing::warn!(configmap, error = %e, "could not read the child kinds on record");
+                tracing::warn!(configmap, error = %e, record = self.name, "could not read the record");
+                None
+            }
+        }
+    }
+
+    /// Every well-formed finalizer record, at most [`MAX_FINALIZERS`]; `None` when the record
+    /// cannot be read.
+    pub async fn read_finalizers(&self) -> Option<BTreeMap<String, Finalizer>> {
+        match self.entries().await {
+            Ok(data) => Some(
+                data.into_iter()
+                    .filter_map(|(cm, text)| Some((cm, Finalizer::parse(&text)?)))
+                    .take(MAX_FINALIZERS)
+                    .collect(),
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, record = self.name, "could not read the record");
                 None
             }
         }
@@ -72,16 +161,30 @@ impl Ledger {
 
     /// Records `kinds` for `configmap`; `None` removes its record.
     pub async fn write(&self, configmap: &str, kinds: Option<&[KindRef]>) {
-        let value = kinds.map(format);
+        self.put(configmap, kinds.map(format)).await
+    }
+
+    /// Records `finalizer` for `configmap` unless it is on record already; `None` removes
+    /// its record.
+    pub async fn write_finalizer(&self, configmap: &str, finalizer: Option<&Finalizer>) {
+        let value = finalizer.map(Finalizer::format);
+        match self.entries().await {
+            Ok(data) if data.get(configmap) == value.as_ref() => {}
+            _ => self.put(configmap, value).await,
+        }
+    }
+
+    /// Sets the entry of `configmap` (`None` removes it), creating the ConfigMap if need be.
+    async fn put(&self, configmap: &str, value: Option<String>) {
         let patch = json!({"data": {configmap: value}});
         let result = match self
             .api
-            .patch(LEDGER, &PatchParams::default(), &Patch::Merge(&patch))
+            .patch(self.name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
         {
             Err(kube::Error::Api(e)) if e.code == 404 && value.is_some() => {
                 let cm: ConfigMap = serde_json::from_value(json!({
-                    "metadata": {"name": LEDGER, "labels": {"app.kubernetes.io/part-of": "wasmop"}},
+                    "metadata": {"name": self.name, "labels": {"app.kubernetes.io/part-of": "wasmop"}},
                     "data": {configmap: value},
                 }))
                 .expect("a ConfigMap");
@@ -93,7 +196,7 @@ impl Ledger {
             r => r.map(|_| ()),
         };
         if let Err(e) = result {
-            tracing::warn!(configmap, error = %e, "could not record the plugin's child kinds");
+            tracing::warn!(configmap, error = %e, record = self.name, "could not write the record");
         }
     }
 }
@@ -115,5 +218,31 @@ mod tests {
         let parsed = parse(&hostile);
         assert_eq!(parsed.len(), MAX_KINDS);
         assert!(parsed.iter().all(|k| k.kind == "ConfigMap"));
+    }
+
+    #[test]
+    fn a_finalizer_record_round_trips_and_names_only_wasmop_finalizers() {
+        let record = Finalizer {
+            parent: KindRef::new("cache.example.com/v1alpha1", "Memcached"),
+            name: "wasmop.io/memcached".into(),
+        };
+        assert_eq!(
+            record.format(),
+            "cache.example.com/v1alpha1 Memcached wasmop.io/memcached\n"
+        );
+        assert_eq!(Finalizer::parse(&record.format()), Some(record));
+        for hostile in [
+            "",
+            "v1 Pod",
+            "v1 Pod kubernetes.io/pv-protection",
+            "v1 Pod wasmop.io/",
+            "v1 Pod wasmop.io/a extra",
+            "v1 Pod wasmop.io/a\nv1 Secret wasmop.io/b",
+            "v1 P\u{7f}od wasmop.io/a",
+        ] {
+            assert_eq!(Finalizer::parse(hostile), None, "{hostile:?}");
+        }
+        let long = format!("v1 Pod wasmop.io/{}", "a".repeat(300));
+        assert_eq!(Finalizer::parse(&long), None);
     }
 }

@@ -637,7 +637,7 @@ async fn add_finalizer(
 ) -> Result<(), ReconcileError> {
     let mut list = parent.finalizers().to_vec();
     list.push(finalizer.to_string());
-    set_finalizers(api, parent, list, finalizer).await
+    set_on(api, parent, list, finalizer).await
 }
 
 pub(super) async fn remove_finalizer(
@@ -647,22 +647,32 @@ pub(super) async fn remove_finalizer(
 ) -> Result<(), ReconcileError> {
     let mut list = parent.finalizers().to_vec();
     list.retain(|f| f != finalizer);
-    set_finalizers(api, parent, list, finalizer).await
+    set_on(api, parent, list, finalizer).await
 }
 
-// A merge patch carrying the resourceVersion we read is a compare-and-swap: other
-// controllers' finalizers added meanwhile make it fail with a conflict, not vanish.
-async fn set_finalizers(
+async fn set_on(
     api: &Api<DynamicObject>,
     parent: &Object,
     list: Vec<String>,
     finalizer: &str,
 ) -> Result<(), ReconcileError> {
+    let (name, version) = (parent.name(), parent.resource_version());
+    set_finalizers(api, name, version, list, finalizer).await
+}
+
+// A merge patch carrying the resourceVersion we read is a compare-and-swap: other
+// controllers' finalizers added meanwhile make it fail with a conflict, not vanish.
+pub(super) async fn set_finalizers(
+    api: &Api<DynamicObject>,
+    name: &str,
+    resource_version: Option<&str>,
+    list: Vec<String>,
+    finalizer: &str,
+) -> Result<(), ReconcileError> {
     let patch = json!({"metadata": {
-        "resourceVersion": parent.resource_version(),
+        "resourceVersion": resource_version,
         "finalizers": list,
     }});
-    let name = parent.name();
     api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .map(|_| ())

@@ -1,5 +1,8 @@
 //! Taking a plugin's finalizer off every parent once nothing will ever remove it otherwise:
 //! the plugin's ConfigMap is gone, or its new version no longer asks for that finalizer.
+//! [`release_all`] works from the controller's cache while the plugin still runs;
+//! [`release_listed`] lists the parents itself, for a plugin whose ConfigMap was deleted while
+//! no host ran it (see `ledger::FINALIZERS`).
 //!
 //! Left in place, `wasmop.io/<plugin>` would hang the deletion of every parent that carries
 //! it. Released, a parent being deleted goes at once, and its children go with it by garbage
@@ -7,10 +10,14 @@
 
 use std::time::Duration;
 
+use kube::Client;
+use kube::api::{ListParams, ObjectMeta};
 use wasmop_contract::Manifest;
 
 use super::Shared;
-use super::reconcile::remove_finalizer;
+use super::error::ReconcileError;
+use super::reconcile::{remove_finalizer, set_finalizers};
+use crate::kinds::ResolvedKind;
 
 /// Tries per parent: a conflict means the parent changed since the cache saw it, and the
 /// cache catches up within moments.
@@ -61,6 +68,116 @@ pub async fn release_all(shared: &Shared, finalizer: &str) -> usize {
         );
     }
     released
+}
+
+/// Parents listed per page by [`release_listed`].
+const PAGE: u32 = 500;
+
+/// Why [`release_listed`] left the finalizer somewhere.
+#[derive(Debug, thiserror::Error)]
+pub enum SweepError {
+    /// The parents could not be listed.
+    #[error("could not list the parents")]
+    List(#[source] kube::Error),
+    /// Some parents could not be patched; the first is named.
+    #[error("{failed} parent(s) kept the finalizer, among them {namespace}/{name}")]
+    Patch {
+        /// How many.
+        failed: usize,
+        /// The first one's namespace (empty when cluster-scoped).
+        namespace: String,
+        /// The first one's name.
+        name: String,
+        /// Why it could not be patched.
+        #[source]
+        source: ReconcileError,
+    },
+}
+
+/// Takes `finalizer` off every parent of `kind` (in `namespace`, or everywhere) that carries
+/// it: lists them as `reader`, patches them as `writer`. Returns how many were released; an
+/// error when any kept it (the others are still released).
+pub async fn release_listed(
+    kind: &ResolvedKind,
+    reader: &Client,
+    writer: &Client,
+    namespace: Option<&str>,
+    finalizer: &str,
+) -> Result<usize, SweepError> {
+    let has = |m: &ObjectMeta| m.finalizers.iter().flatten().any(|f| f == finalizer);
+    let (mut released, mut failed, mut first) = (0, 0, None);
+    let mut params = ListParams::default().limit(PAGE);
+    loop {
+        let page = kind
+            .api(reader, namespace)
+            .list_metadata(&params)
+            .await
+            .map_err(SweepError::List)?;
+        for mut meta in page.items.into_iter().map(|p| p.metadata).filter(has) {
+            let (ns, name) = (
+                meta.namespace.clone(),
+                meta.name.clone().unwrap_or_default(),
+            );
+            let (reads, writes) = (
+                kind.api(reader, ns.as_deref()),
+                kind.api(writer, ns.as_deref()),
+            );
+            for attempt in 1..=ATTEMPTS {
+                let list = meta
+                    .finalizers
+                    .iter()
+                    .flatten()
+                    .filter(|f| *f != finalizer)
+                    .cloned()
+                    .collect();
+                let error = match set_finalizers(
+                    &writes,
+                    &name,
+                    meta.resource_version.as_deref(),
+                    list,
+                    finalizer,
+                )
+                .await
+                {
+                    Ok(()) => {
+                        released += 1;
+                        break;
+                    }
+                    Err(e) if attempt < ATTEMPTS && e.is_conflict() => {
+                        tokio::time::sleep(PAUSE).await;
+                        match reads.get_metadata_opt(&name).await {
+                            Ok(Some(fresh)) if has(&fresh.metadata) => {
+                                meta = fresh.metadata;
+                                continue;
+                            }
+                            Ok(_) => break,
+                            Err(e) => ReconcileError::Finalizer {
+                                finalizer: finalizer.to_owned(),
+                                source: e,
+                            },
+                        }
+                    }
+                    Err(e) => e,
+                };
+                failed += 1;
+                first.get_or_insert((ns.clone().unwrap_or_default(), name.clone(), error));
+                break;
+            }
+        }
+        match page.metadata.continue_.filter(|t| !t.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => break,
+        }
+    }
+    match first {
+        None => Ok(released),
+        Some((namespace, name, source)) => Err(SweepError::Patch {
+            failed,
+            namespace,
+            name,
+            source,
+        }),
+    }
 }
 
 #[cfg(test)]

@@ -35,6 +35,8 @@ pub struct ShardedSupervisor {
     // What the registry runs, to start on shards taken later.
     plugins: BTreeMap<String, (Loaded, Kinds)>,
     routes: HashMap<String, Canary>,
+    // The plugin ConfigMaps of the last sweep: taking the designated shard sweeps again.
+    present: Option<Vec<String>>,
 }
 
 impl ShardedSupervisor {
@@ -58,6 +60,7 @@ impl ShardedSupervisor {
             active: BTreeMap::new(),
             plugins: BTreeMap::new(),
             routes: HashMap::new(),
+            present: None,
         }
     }
 
@@ -69,6 +72,15 @@ impl ShardedSupervisor {
 
     fn each(&mut self) -> impl Iterator<Item = &mut Supervisor> {
         self.active.values_mut().map(|(_, s)| s)
+    }
+
+    /// The supervisor of the shard of cluster-scoped objects, if this replica holds it: the
+    /// one that sweeps.
+    fn designated(&mut self) -> Option<&mut Supervisor> {
+        self.active
+            .iter_mut()
+            .find(|(shard, _)| shard.holds(""))
+            .map(|(_, (_, s))| s)
     }
 }
 
@@ -110,7 +122,24 @@ impl Supervise for ShardedSupervisor {
                     }
                 }
                 tracing::info!(shard = %shard, plugins = self.plugins.len(), "reconciling the shard");
+                // Taken from a replica that died: a plugin deleted meanwhile is swept now.
+                if let (true, Some(present)) = (shard.holds(""), &self.present) {
+                    supervisor.sweep(present).await;
+                }
                 self.active.insert(shard, (fence, supervisor));
+            }
+        }
+        .boxed()
+    }
+
+    fn sweep<'a>(&'a mut self, present: &'a [String]) -> BoxFuture<'a, ()> {
+        // One replica sweeps, whatever namespaces the parents are in: the holder of the
+        // shard of cluster-scoped objects. The finalizers it releases belong to plugins no
+        // replica runs any more, so no other replica writes them.
+        async move {
+            self.present = Some(present.to_vec());
+            if let Some(supervisor) = self.designated() {
+                supervisor.sweep(present).await;
             }
         }
         .boxed()

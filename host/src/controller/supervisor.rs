@@ -1,6 +1,8 @@
 //! Runs one controller per plugin the registry hands over: starts it, swaps a new version in
 //! when the kinds are the same, restarts it when they differ (still pruning children of the
-//! kinds the new version dropped, as recorded in the [`Ledger`]), and stops it.
+//! kinds the new version dropped, as recorded in the [`Ledger`]), and stops it. It also keeps
+//! the record of each plugin's finalizer, and releases the finalizers of plugins whose
+//! ConfigMaps are gone ([`Supervise::sweep`]).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -17,10 +19,13 @@ use super::ledger::{self, Ledger};
 use super::{Config, ControllerHandle, release, spawn};
 use crate::client::Fence;
 use crate::kinds::{Kinds, ResolvedKind, resolve_one};
-use crate::plugin::access;
 use crate::plugin::rollout::{PreviewReport, Report};
 use crate::plugin::{Activation, Canary, Loaded, Supervise};
+use crate::plugin::{Identity, access};
 use crate::watch::Hub;
+
+/// Records of deleted plugins handled per sweep; the rest wait for the next.
+const SWEEP_RECORDS: usize = 16;
 
 /// A controller that ran this long since its last restart starts counting its deaths afresh.
 const REVIVE_RESET: Duration = Duration::from_secs(300);
@@ -28,8 +33,11 @@ const REVIVE_RESET: Duration = Duration::from_secs(300);
 /// The controllers of one host, by plugin ConfigMap.
 pub struct Supervisor {
     client: Client,
+    // The host's namespace: plugin identities live there.
+    namespace: String,
     hub: Hub,
     ledger: Ledger,
+    finalizers: Ledger,
     // Retired kinds are kept only if the host may watch them here.
     watch_namespace: Option<String>,
     // Names the host in Events on parents (each plugin's identity writes them).
@@ -54,6 +62,8 @@ impl Supervisor {
     ) -> Self {
         Supervisor {
             ledger: Ledger::new(client.clone(), namespace),
+            finalizers: Ledger::finalizers(client.clone(), namespace),
+            namespace: namespace.to_string(),
             watch_namespace: hub.namespace().map(str::to_string),
             hub,
             client,
@@ -76,7 +86,26 @@ impl Supervisor {
         )
     }
 
-    async fn activate(&mut self, configmap: &str, loaded: Loaded, mut kinds: Kinds) -> Activation {
+    /// Runs `loaded`, then records its finalizer (or that it has none).
+    async fn activate(&mut self, configmap: &str, loaded: Loaded, kinds: Kinds) -> Activation {
+        let manifest = loaded.plugin.manifest();
+        let finalizer = manifest.finalizer.then(|| ledger::Finalizer {
+            parent: kinds.parent.kind.clone(),
+            name: manifest.finalizer_name(),
+        });
+        let activation = self.start_or_swap(configmap, loaded, kinds).await;
+        self.finalizers
+            .write_finalizer(configmap, finalizer.as_ref())
+            .await;
+        activation
+    }
+
+    async fn start_or_swap(
+        &mut self,
+        configmap: &str,
+        loaded: Loaded,
+        mut kinds: Kinds,
+    ) -> Activation {
         let activation = match self.running.remove(configmap) {
             Some(mut handle) if handle.kinds().same_watches(&kinds) => {
                 handle.swap(loaded);
@@ -148,7 +177,72 @@ impl Supervisor {
     }
 }
 
+impl Supervisor {
+    /// Releases the finalizer of every plugin on record whose ConfigMap is not in `present`,
+    /// then forgets it; one that could not be released everywhere stays on record for the
+    /// next sweep. Only while this host may write (it leads, or holds its shard).
+    async fn sweep_finalizers(&mut self, present: &[String]) {
+        if !self.fence.is_open() {
+            return;
+        }
+        let Some(records) = self.finalizers.read_finalizers().await else {
+            return;
+        };
+        let absent = records
+            .into_iter()
+            .filter(|(configmap, _)| !present.contains(configmap));
+        // Each costs a list of its parent kind: a record is input, bound what it can ask.
+        for (configmap, record) in absent.take(SWEEP_RECORDS) {
+            let name = &record.name;
+            // The plugin now runs from another ConfigMap: its finalizer is in use.
+            let in_use = self.running.values().any(|h| {
+                let m = h.manifest();
+                m.finalizer && m.finalizer_name() == *name
+            });
+            if in_use {
+                self.finalizers.write_finalizer(&configmap, None).await;
+                continue;
+            }
+            let kind = match resolve_one(&self.client, &record.parent).await {
+                Ok(Some(kind)) => kind,
+                // No longer served: its parents went with it.
+                Ok(None) => {
+                    self.finalizers.write_finalizer(&configmap, None).await;
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(configmap, finalizer = %name, error = %e, "the parent kind of a deleted plugin could not be resolved; its finalizer stays for now");
+                    continue;
+                }
+            };
+            let identity = match Identity::new(&self.client, &self.namespace, &configmap) {
+                Ok(identity) => identity,
+                Err(e) => {
+                    tracing::warn!(configmap, error = %e, "a finalizer record names no possible plugin; forgotten");
+                    self.finalizers.write_finalizer(&configmap, None).await;
+                    continue;
+                }
+            };
+            let ns = self.watch_namespace.as_deref();
+            match release::release_listed(&kind, &self.client, identity.client(), ns, name).await {
+                Ok(released) => {
+                    tracing::info!(configmap, finalizer = %name, released, "released the finalizer of a plugin whose ConfigMap is gone");
+                    self.finalizers.write_finalizer(&configmap, None).await;
+                }
+                Err(e) => {
+                    let error = crate::text::chain(&e);
+                    tracing::warn!(configmap, finalizer = %name, account = %identity.username(), error, "could not release the finalizer of a plugin whose ConfigMap is gone; trying again later");
+                }
+            }
+        }
+    }
+}
+
 impl Supervise for Supervisor {
+    fn sweep<'a>(&'a mut self, present: &'a [String]) -> BoxFuture<'a, ()> {
+        async move { self.sweep_finalizers(present).await }.boxed()
+    }
+
     fn run(&mut self, configmap: &str, loaded: Loaded, kinds: Kinds) -> BoxFuture<'_, Activation> {
         let configmap = configmap.to_string();
         async move { self.activate(&configmap, loaded, kinds).await }.boxed()

@@ -103,6 +103,10 @@ pub trait Supervise: Send {
     /// Stops what runs for `configmap` for good (its ConfigMap is gone): its finalizer is
     /// released from every parent first, since nothing would remove it any more.
     fn retire<'a>(&'a mut self, configmap: &'a str) -> BoxFuture<'a, ()>;
+    /// Takes the finalizer of every plugin on record whose ConfigMap is not in `present` off
+    /// its parents, then forgets it: the ConfigMap was deleted while no host ran that plugin
+    /// (or a shard had no holder), so no [`Supervise::retire`] released it.
+    fn sweep<'a>(&'a mut self, present: &'a [String]) -> BoxFuture<'a, ()>;
     /// The plugins some of whose kinds the API server stopped serving (a CRD deleted), with
     /// those kinds.
     fn vanished(&self) -> Vec<(String, Vec<String>)>;
@@ -278,6 +282,7 @@ impl Registry {
         let watch_name = format!("plugin ConfigMaps in {}", self.namespace);
         // Controllers sync on their own time: look again now and then.
         let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+        let mut sweep = tokio::time::interval(crate::config::FINALIZER_SWEEP);
         tracing::info!(namespace = %self.namespace, "watching plugin ConfigMaps labelled {PLUGIN_LABEL}");
         loop {
             tokio::select! {
@@ -294,6 +299,7 @@ impl Registry {
                     self.judge_canaries().await;
                     self.publish_previews().await;
                 },
+                _ = sweep.tick(), if self.listed => self.sweep().await,
                 Some(msg) = self.rx.recv() => self.on_msg(msg).await,
                 ev = events.next() => {
                     if let Some(Ok(_)) = &ev {
@@ -319,6 +325,7 @@ impl Registry {
                                 self.on_delete(&name).await;
                             }
                             self.listed = true;
+                            self.sweep().await;
                         }
                         Some(Ok(watcher::Event::Apply(cm))) => self.on_apply(cm),
                         Some(Ok(watcher::Event::Delete(cm))) => {
@@ -681,6 +688,15 @@ impl Registry {
             self.supervisor.retire(configmap).await;
             tracing::info!(configmap, plugin = %running.describe(), "plugin ConfigMap deleted; controller stopped, its finalizer released, children left in place");
         }
+        if self.listed {
+            self.sweep().await;
+        }
+    }
+
+    /// Releases the finalizers of plugins on record whose ConfigMaps are not listed.
+    async fn sweep(&mut self) {
+        let present: Vec<String> = self.slots.keys().cloned().collect();
+        self.supervisor.sweep(&present).await;
     }
 
     fn publish_status(&self) {
