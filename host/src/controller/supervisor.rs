@@ -188,11 +188,15 @@ impl Supervisor {
         let Some(records) = self.finalizers.read_finalizers().await else {
             return;
         };
-        let absent = records
+        // What runs here is present whatever `present` says (a sharded host's is from its
+        // last sweep when it takes the shard that sweeps). Each record costs a list of its
+        // parent kind: it is input, so bound what it can ask.
+        let absent: Vec<_> = records
             .into_iter()
-            .filter(|(configmap, _)| !present.contains(configmap));
-        // Each costs a list of its parent kind: a record is input, bound what it can ask.
-        for (configmap, record) in absent.take(SWEEP_RECORDS) {
+            .filter(|(cm, _)| !present.contains(cm) && !self.running.contains_key(cm))
+            .take(SWEEP_RECORDS)
+            .collect();
+        for (configmap, record) in absent {
             let name = &record.name;
             // The plugin now runs from another ConfigMap: its finalizer is in use.
             let in_use = self.running.values().any(|h| {
