@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use kube::Client;
-use kube::api::{ListParams, ObjectMeta};
+use kube::api::{Api, DynamicObject, ListParams, ObjectMeta};
 use wasmop_contract::Manifest;
 
 use super::Shared;
@@ -104,7 +104,7 @@ pub async fn release_listed(
     namespace: Option<&str>,
     finalizer: &str,
 ) -> Result<usize, SweepError> {
-    let has = |m: &ObjectMeta| m.finalizers.iter().flatten().any(|f| f == finalizer);
+    let has = |m: &ObjectMeta| carries(m, finalizer);
     let (mut released, mut failed, mut first) = (0, 0, None);
     let mut params = ListParams::default().limit(PAGE);
     loop {
@@ -113,7 +113,7 @@ pub async fn release_listed(
             .list_metadata(&params)
             .await
             .map_err(SweepError::List)?;
-        for mut meta in page.items.into_iter().map(|p| p.metadata).filter(has) {
+        for meta in page.items.into_iter().map(|p| p.metadata).filter(has) {
             let (ns, name) = (
                 meta.namespace.clone(),
                 meta.name.clone().unwrap_or_default(),
@@ -122,46 +122,13 @@ pub async fn release_listed(
                 kind.api(reader, ns.as_deref()),
                 kind.api(writer, ns.as_deref()),
             );
-            for attempt in 1..=ATTEMPTS {
-                let list = meta
-                    .finalizers
-                    .iter()
-                    .flatten()
-                    .filter(|f| *f != finalizer)
-                    .cloned()
-                    .collect();
-                let error = match set_finalizers(
-                    &writes,
-                    &name,
-                    meta.resource_version.as_deref(),
-                    list,
-                    finalizer,
-                )
-                .await
-                {
-                    Ok(()) => {
-                        released += 1;
-                        break;
-                    }
-                    Err(e) if attempt < ATTEMPTS && e.is_conflict() => {
-                        tokio::time::sleep(PAUSE).await;
-                        match reads.get_metadata_opt(&name).await {
-                            Ok(Some(fresh)) if has(&fresh.metadata) => {
-                                meta = fresh.metadata;
-                                continue;
-                            }
-                            Ok(_) => break,
-                            Err(e) => ReconcileError::Finalizer {
-                                finalizer: finalizer.to_owned(),
-                                source: e,
-                            },
-                        }
-                    }
-                    Err(e) => e,
-                };
-                failed += 1;
-                first.get_or_insert((ns.clone().unwrap_or_default(), name.clone(), error));
-                break;
+            match release_one(&reads, &writes, meta, finalizer).await {
+                Ok(true) => released += 1,
+                Ok(false) => {}
+                Err(error) => {
+                    failed += 1;
+                    first.get_or_insert((ns.unwrap_or_default(), name, error));
+                }
             }
         }
         match page.metadata.continue_.filter(|t| !t.is_empty()) {
@@ -178,6 +145,46 @@ pub async fn release_listed(
             source,
         }),
     }
+}
+
+/// Takes `finalizer` off the parent `meta` lists, reading it again after a conflict; whether
+/// this call released it (not when it went or lost the finalizer meanwhile).
+async fn release_one(
+    reads: &Api<DynamicObject>,
+    writes: &Api<DynamicObject>,
+    mut meta: ObjectMeta,
+    finalizer: &str,
+) -> Result<bool, ReconcileError> {
+    let name = meta.name.clone().unwrap_or_default();
+    let mut attempt = 1;
+    loop {
+        let list = meta
+            .finalizers
+            .iter()
+            .flatten()
+            .filter(|f| *f != finalizer)
+            .cloned()
+            .collect();
+        let version = meta.resource_version.as_deref();
+        match set_finalizers(writes, &name, version, list, finalizer).await {
+            Ok(()) => return Ok(true),
+            Err(e) if attempt < ATTEMPTS && e.is_conflict() => attempt += 1,
+            Err(e) => return Err(e),
+        }
+        tokio::time::sleep(PAUSE).await;
+        let fresh = reads.get_metadata_opt(&name).await;
+        match fresh.map_err(|source| ReconcileError::Finalizer {
+            finalizer: finalizer.to_owned(),
+            source,
+        })? {
+            Some(fresh) if carries(&fresh.metadata, finalizer) => meta = fresh.metadata,
+            _ => return Ok(false),
+        }
+    }
+}
+
+fn carries(meta: &ObjectMeta, finalizer: &str) -> bool {
+    meta.finalizers.iter().flatten().any(|f| f == finalizer)
 }
 
 #[cfg(test)]

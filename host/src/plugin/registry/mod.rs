@@ -329,7 +329,8 @@ impl Registry {
                         }
                         Some(Ok(watcher::Event::Apply(cm))) => self.on_apply(cm),
                         Some(Ok(watcher::Event::Delete(cm))) => {
-                            self.on_delete(cm.metadata.name.as_deref().unwrap_or_default()).await
+                            self.on_delete(cm.metadata.name.as_deref().unwrap_or_default()).await;
+                            self.sweep().await;
                         }
                         None => break,
                     }
@@ -687,9 +688,6 @@ impl Registry {
             set_info(configmap, Some(&running), None);
             self.supervisor.retire(configmap).await;
             tracing::info!(configmap, plugin = %running.describe(), "plugin ConfigMap deleted; controller stopped, its finalizer released, children left in place");
-        }
-        if self.listed {
-            self.sweep().await;
         }
     }
 
