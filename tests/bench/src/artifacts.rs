@@ -5,7 +5,6 @@
 //! Outputs land under `target/bench/`. The bench plugin builds in `target/wasm-test`, the
 //! directory `test-artifacts` builds its guests in, so they share the dependencies' builds.
 
-use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -50,8 +49,29 @@ pub fn bench_dir() -> PathBuf {
     target_dir().join("bench")
 }
 
-fn cargo() -> OsString {
-    std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into())
+/// A `cargo` command without what `cargo run` set for this runner (`CARGO_MANIFEST_DIR`,
+/// `CARGO_PKG_*`, ...): build scripts that watch those variables (ring's) would otherwise see
+/// them change between `cargo run -p bench` and this build, and each would rebuild the TLS
+/// stack and everything above it.
+pub fn cargo() -> Command {
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        if name.starts_with("CARGO_PKG_")
+            || [
+                "CARGO_MANIFEST_DIR",
+                "CARGO_MANIFEST_PATH",
+                "CARGO_MANIFEST_LINKS",
+                "CARGO_CRATE_NAME",
+                "CARGO_BIN_NAME",
+                "CARGO_PRIMARY_PACKAGE",
+            ]
+            .contains(&name.as_ref())
+        {
+            cmd.env_remove(name.as_ref());
+        }
+    }
+    cmd
 }
 
 /// Builds everything, the bench plugin once per kind in `kinds`.
@@ -72,15 +92,15 @@ pub fn build(kinds: &[Kind]) -> Result<Artifacts> {
     .context("go build (Go 1.26 on PATH; modules from the Go module proxy)")?;
 
     note!("building the host and the native controller");
-    // With `-p bench` most features resolve as for `cargo run -p bench` (not all: see the
-    // README's "Not done yet"). In this binary's profile: a release runner measures release builds; a dev one (CI's quick
-    // check) reuses what the tests built.
+    // `-p bench` too, so that shared dependencies resolve their features as close as they
+    // can to `cargo run -p bench`'s. In this binary's profile: a release runner measures
+    // release builds; a dev one (CI's quick check) reuses what the tests built.
     let (profile_flag, profile_dir): (&[&str], _) = if cfg!(debug_assertions) {
         (&[], "debug")
     } else {
         (&["--release"], "release")
     };
-    run(Command::new(cargo())
+    run(cargo()
         .current_dir(root())
         .args(["build", "-p", "bench"])
         .args(profile_flag)
@@ -96,7 +116,7 @@ pub fn build(kinds: &[Kind]) -> Result<Artifacts> {
         // each compiled on its own by the host, without a build each.
         note!("building the bench plugin for {} kinds", kinds.len());
         let template = Kind::bench(0).flag();
-        run(Command::new(cargo())
+        run(cargo()
             .current_dir(root())
             .args(["build", "-q", "--release", "--target", "wasm32-wasip2"])
             .arg("--target-dir")

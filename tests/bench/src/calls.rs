@@ -4,7 +4,6 @@
 //! `host/benches/plugin_call.rs`, without criterion, so the runner can report it.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -111,7 +110,7 @@ pub fn opt_levels(shipped: &Path, levels: &[&str], calls: u32) -> Result<Vec<Opt
 /// the other flags are the repository's for wasm (`.cargo/config.toml`).
 fn build_at(level: &str) -> Result<PathBuf> {
     let target = crate::artifacts::bench_dir().join(format!("opt-{level}"));
-    let status = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+    let status = crate::artifacts::cargo()
         .current_dir(crate::artifacts::root())
         .args([
             "build",
