@@ -22,7 +22,7 @@ const POD_NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/
 
 /// Runs the host.
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
-    few_malloc_arenas();
+    crate::memory::tune_allocator();
     init_logs(args.log_format);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -69,22 +69,6 @@ pub fn host_config(args: RunArgs) -> HostConfig {
             renew_grace_seconds: args.lease_renew_grace_seconds,
         }),
         ..HostConfig::default()
-    }
-}
-
-/// glibc gives threads arenas of their own, up to eight per core, and memory freed in one is
-/// not reused by the others: for the host's many short-lived allocations (watch events,
-/// requests, answers) that fragmentation cost 5.6 MiB of 57 with twelve plugins. Two arenas
-/// (unless `MALLOC_ARENA_MAX` says otherwise) keep it down; the host's threads mostly wait.
-#[allow(unsafe_code)]
-fn few_malloc_arenas() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
-        // SAFETY: mallopt only changes the allocator's settings; called before any thread of
-        // ours starts.
-        unsafe {
-            libc::mallopt(libc::M_ARENA_MAX, 2);
-        }
     }
 }
 

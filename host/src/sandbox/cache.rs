@@ -36,18 +36,6 @@ const MEMORY_ENTRIES: usize = 32;
 /// one over every core, so ten plugins loading at once would only multiply the peak.
 static COMPILING: Mutex<()> = Mutex::new(());
 
-/// Returns what a load freed to the system (a compile's working memory, the module's and the
-/// artifact's buffers): glibc keeps it otherwise, fragmented over its arenas, and the host's
-/// RSS would stay at the peak for good.
-#[allow(unsafe_code)]
-pub(crate) fn give_back_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only releases free heap pages; it has no preconditions.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
 /// Where a component came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Origin {

@@ -384,7 +384,7 @@ impl Sandbox {
             pre,
             Arc::clone(&self.inner.shared),
         );
-        cache::give_back_freed_memory();
+        crate::memory::give_back_freed_memory();
         Ok((plugin, got.origin, got.serialized))
     }
 }
