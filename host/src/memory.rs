@@ -10,7 +10,7 @@
 //! wasmop::memory::tune_allocator();
 //! # #[cfg(all(target_os = "linux", target_env = "gnu"))]
 //! # {
-//! // SAFETY (both): mallinfo2 only reads the allocator's counters.
+//! // SAFETY: mallinfo2 only reads the allocator's counters.
 //! let mapped = || unsafe { libc::mallinfo2() }.hblkhd;
 //! // glibc alone would raise its threshold to 2 MiB here and serve the next 1 MiB from its heap.
 //! drop(std::hint::black_box(vec![1u8; 2 << 20]));
@@ -59,8 +59,8 @@ fn few_arenas() {
 ///
 /// glibc starts there, but raises both each time such a block is freed, up to 32 MiB and
 /// 64 MiB: after the first large list response or component, large buffers come from the heap
-/// and the heap is never trimmed. Fixing the values measured 8–12 MiB less with 10 plugins
-/// and 1.5 MiB less with 1000 parents (`docs/benchmarks.md`).
+/// and the heap is never trimmed. Fixing the values measured 6–13 MiB less with 10 to 100
+/// plugins and about 1.5 MiB less with 1000 parents (`docs/benchmarks.md`).
 #[allow(unsafe_code)]
 fn return_large_blocks() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
