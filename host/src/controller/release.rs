@@ -183,6 +183,7 @@ async fn release_one(
     }
 }
 
+/// Whether `meta` lists `finalizer`.
 fn carries(meta: &ObjectMeta, finalizer: &str) -> bool {
     meta.finalizers.iter().flatten().any(|f| f == finalizer)
 }
