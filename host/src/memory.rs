@@ -23,9 +23,10 @@
 //! wasmop::memory::give_back_freed_memory();
 //! ```
 
-/// Sets glibc's arenas and thresholds, each unless the operator set it
-/// (`MALLOC_ARENA_MAX`, `MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_`, `GLIBC_TUNABLES`).
-/// Call it before starting threads.
+/// Sets glibc's arenas unless the operator did (`MALLOC_ARENA_MAX`), and both thresholds unless
+/// the operator set either (`MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_`): setting one
+/// already stops glibc moving both. `GLIBC_TUNABLES` counts for each. Call it before starting
+/// threads.
 pub fn tune_allocator() {
     let tunables = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
     let set =
