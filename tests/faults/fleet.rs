@@ -1,6 +1,7 @@
 //! A fleet of Memcached parents and the checks every fault test ends with: each parent has
 //! exactly one Deployment, controlled by it alone, wanting its size; no Deployment is left
-//! without its parent; `size` of its pods run; `status.nodes` names exactly its pods.
+//! without its parent; `size` of its pods run; `status.nodes` names exactly its pods and its
+//! `Available` condition is true for the current generation.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -152,6 +153,20 @@ pub async fn problems(env: &Env, n: usize, size: i64) -> Result<Vec<String>, kub
             problems.push(format!(
                 "Memcached {pname}: status.nodes {nodes:?}, its pods {actual:?}"
             ));
+        }
+        // The status is final only once it says so: a host stopped before the Deployment's
+        // availability reached it leaves the next one a status to write.
+        let available = p.data["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| {
+                c["type"] == "Available"
+                    && c["status"] == "True"
+                    && c["observedGeneration"].as_i64() == p.metadata.generation
+            });
+        if !available {
+            problems.push(format!("Memcached {pname}: not Available yet"));
         }
         let live = live_of.get(&pname).copied().unwrap_or_default();
         if live != size as usize {
