@@ -3,7 +3,7 @@
 //! in a loop), one that sleeps blocks nothing, and no plugin takes over an object it did not
 //! make.
 
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Event};
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 
@@ -178,6 +178,23 @@ async fn an_object_of_the_same_name_is_never_taken_over() {
     );
     let conflict = wait_event(&env, "Memcached", "cache", "ChildConflict").await;
     assert_eq!(conflict.type_.as_deref(), Some("Warning"));
+    // The conflict is retried on backoff; its repeats fold into that one Event's series, even
+    // though the first failure's status write changed the parent's resourceVersion.
+    let is_conflict = |e: &Event| e.reason.as_deref() == Some("ChildConflict");
+    let events = testenv::wait_until(
+        "the ChildConflict Event to count a repeat",
+        TIMEOUT,
+        || async { Ok::<_, kube::Error>(events_for(&env, "Memcached", "cache").await) },
+        |events| {
+            events.iter().any(|e| {
+                is_conflict(e) && e.series.as_ref().and_then(|s| s.count).unwrap_or(0) >= 2
+            })
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nhost log:\n{}", host.logs()));
+    let conflicts: Vec<_> = events.iter().filter(|e| is_conflict(e)).collect();
+    assert_eq!(conflicts.len(), 1, "one Event with a series: {conflicts:?}");
 
     // Their Deployment is exactly as it was: no write, no owner, same spec.
     let after = deployments.get("cache").await.unwrap();

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use futures::stream::{self, BoxStream, StreamExt};
 use kube::Client;
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -354,7 +354,7 @@ pub fn spawn(
     // this controller's fence: the leader's, or the shard's on a sharded host.
     let writer = fence.guard(loaded.identity.client());
     let shared = Arc::new(Shared {
-        events: Events::folding(Recorder::new(writer.clone(), reporter)),
+        events: Events::folding(writer.clone(), reporter),
         writer,
         parents: subs[0].1.cache().clone(),
         children: cache_of(|r| matches!(r, Role::Child(_))),
