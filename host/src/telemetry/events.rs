@@ -266,6 +266,11 @@ fn type_word(t: EventType) -> &'static str {
 /// minutes.
 const SERIES_TTL: Duration = Duration::from_secs(6 * 60);
 
+/// At most this many open series per writer (about 200 bytes each): a plugin's Events carry
+/// reasons of its own, so the keys are not bounded by the parents. Past it, an Event is
+/// written but not remembered, and its repeats are Events of their own.
+const MAX_OPEN: usize = 16_384;
+
 /// The open series of a folding writer: per key, the Event's name, its count and when it last
 /// grew. Closed series are swept at most once a minute, not on every Event.
 #[derive(Default)]
@@ -304,8 +309,11 @@ impl Series {
         }
     }
 
-    /// `key` starts a series with Event `name`.
+    /// `key` starts a series with Event `name`, unless [`MAX_OPEN`] are open.
     fn opened(&mut self, key: Box<str>, name: String, now: Instant) {
+        if self.open.len() >= MAX_OPEN {
+            return;
+        }
         let open = Open {
             name: name.into_boxed_str(),
             count: 1,
@@ -433,6 +441,19 @@ mod tests {
         assert_eq!(series.repeat("k", t2), Some(("a.1".into(), 3)));
         assert_eq!(series.repeat("k", t1 + SERIES_TTL), None, "closed");
         assert!(series.open.is_empty(), "and swept");
+    }
+
+    #[test]
+    fn open_series_are_bounded() {
+        let mut series = Series::default();
+        let t0 = Instant::now();
+        for i in 0..MAX_OPEN + 10 {
+            series.opened(format!("k{i}").into(), format!("e{i}"), t0);
+        }
+        assert_eq!(series.open.len(), MAX_OPEN);
+        assert_eq!(series.repeat("k0", t0), Some(("e0".into(), 2)));
+        let past = format!("k{MAX_OPEN}");
+        assert_eq!(series.repeat(&past, t0), None, "not remembered");
     }
 
     #[test]
