@@ -1,10 +1,14 @@
-//! How the host's allocator hands memory back to the system.
+//! How the host hands memory back to the system.
 //!
 //! glibc keeps what the host frees unless told otherwise. Three rules make the difference
 //! between an RSS that follows the work and one that stays at its peak: few arenas and fixed
 //! thresholds, set once by [`tune_allocator`] before any thread starts (`wasmop run` does; a
 //! program that embeds [`crate::Host`] can too), and [`give_back_freed_memory`] after a burst
 //! of allocation such as a plugin load.
+//!
+//! The binary's own code is the other half of an idle host's RSS: every page of it the host
+//! ran once (start-up, the first list, a plugin load) stays mapped for good, 64 KiB around
+//! each. [`release_code_pages`] unmaps them; the few the host keeps running come back.
 //!
 //! ```
 //! wasmop::memory::tune_allocator();
@@ -82,5 +86,185 @@ pub fn give_back_freed_memory() {
     // SAFETY: malloc_trim only releases free heap pages; it has no preconditions.
     unsafe {
         libc::malloc_trim(0);
+    }
+}
+
+/// Unmaps the pages of this program's binary that no write has touched (its code and
+/// read-only data, never the relocated data), and returns how many bytes were resident in
+/// them. Each page comes back from the page cache on its next use, so what stays resident is
+/// the code the program runs, not all it ever ran: `wasmop run` calls this once it is ready
+/// and every [`crate::config::CODE_PAGES_RELEASE`] (docs/benchmarks.md has what it saves).
+/// Where the mappings cannot be read (not Linux), it does nothing and returns 0.
+///
+/// ```
+/// let released = wasmop::memory::release_code_pages();
+/// // The code runs on, faulting back in what it uses.
+/// assert_eq!(2 + 2, 4);
+/// # let _ = released;
+/// ```
+pub fn release_code_pages() -> u64 {
+    let (Ok(exe), Ok(smaps)) = (
+        std::fs::read_link("/proc/self/exe"),
+        std::fs::read_to_string("/proc/self/smaps"),
+    ) else {
+        return 0;
+    };
+    let exe = exe.to_string_lossy();
+    mappings(&smaps)
+        .into_iter()
+        .filter(|m| m.path == exe && m.is_clean())
+        .filter(|m| unmap(m.start, m.end))
+        .map(|m| m.resident)
+        .sum()
+}
+
+/// One mapping of `/proc/<pid>/smaps`, with the fields read here.
+#[derive(Debug, Default, PartialEq)]
+struct Mapping<'a> {
+    start: usize,
+    end: usize,
+    perms: &'a str,
+    path: &'a str,
+    resident: u64,
+    /// Bytes of pages of its own (written, so no longer the file's); `None` if not listed.
+    anonymous: Option<u64>,
+}
+
+impl Mapping<'_> {
+    /// Not writable and holding no page of its own: what the kernel maps back from the file is
+    /// what it holds. The relocated data (RELRO) is read-only too, but written once at
+    /// start-up, so it never qualifies.
+    fn is_clean(&self) -> bool {
+        self.perms.starts_with('r') && !self.perms.contains('w') && self.anonymous == Some(0)
+    }
+}
+
+fn mappings(smaps: &str) -> Vec<Mapping<'_>> {
+    let mut found: Vec<Mapping> = Vec::new();
+    for line in smaps.lines() {
+        if let Some((range, rest)) = line.split_once(' ')
+            && let Some((start, end)) = range.split_once('-')
+            && let (Ok(start), Ok(end)) = (
+                usize::from_str_radix(start, 16),
+                usize::from_str_radix(end, 16),
+            )
+        {
+            let mut fields = rest.split_whitespace();
+            found.push(Mapping {
+                start,
+                end,
+                perms: fields.next().unwrap_or(""),
+                path: fields.nth(3).unwrap_or(""),
+                ..Mapping::default()
+            });
+            continue;
+        }
+        let Some(current) = found.last_mut() else {
+            continue;
+        };
+        let bytes = |value: &str| {
+            let kib = value.trim().trim_end_matches("kB").trim().parse::<u64>();
+            kib.ok().map(|k| k * 1024)
+        };
+        if let Some(value) = line.strip_prefix("Rss:") {
+            current.resident = bytes(value).unwrap_or(0);
+        } else if let Some(value) = line.strip_prefix("Anonymous:") {
+            current.anonymous = bytes(value);
+        }
+    }
+    found
+}
+
+/// Drops the pages of `[start, end)`, a clean private file mapping.
+#[allow(unsafe_code)]
+fn unmap(start: usize, end: usize) -> bool {
+    #[cfg(target_os = "linux")]
+    // SAFETY: the range is one mapping of the binary that holds no page of its own and cannot
+    // be written (read-only, no private copy): the kernel maps the same bytes back from the
+    // file at the next access, so nothing is lost and no reference into it dangles.
+    unsafe {
+        libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) == 0
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (start, end);
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SMAPS: &str = "\
+5625-5626 r--p 00000000 fe:00 11 /opt/wasmop
+Rss:                2288 kB
+Anonymous:             0 kB
+5626-5628 r-xp 00523000 fe:00 11 /opt/wasmop
+Size:              21336 kB
+Rss:                3052 kB
+Anonymous:             0 kB
+5628-5629 r--p 019f8000 fe:00 11 /opt/wasmop
+Rss:                 552 kB
+Anonymous:           552 kB
+5629-562a rw-p 01a81000 fe:00 11 /opt/wasmop
+Rss:                  24 kB
+Anonymous:            24 kB
+562a-562b r--p 01a82000 fe:00 11 /opt/wasmop
+Rss:                   8 kB
+7f01-7f02 rw-p 00000000 00:00 0
+Rss:                 100 kB
+Anonymous:           100 kB
+";
+
+    #[test]
+    fn only_read_only_mappings_without_pages_of_their_own_are_clean() {
+        let clean: Vec<(usize, u64)> = mappings(SMAPS)
+            .iter()
+            .filter(|m| m.is_clean())
+            .map(|m| (m.start, m.resident))
+            .collect();
+        // Not the relocated data, the writable data, anonymous memory, nor a mapping whose
+        // `Anonymous:` line is missing.
+        assert_eq!(clean, vec![(0x5625, 2288 * 1024), (0x5626, 3052 * 1024)]);
+        let all = mappings(SMAPS);
+        assert_eq!(all.len(), 6);
+        assert_eq!((all[1].perms, all[1].path), ("r-xp", "/opt/wasmop"));
+        assert_eq!((all[5].path, all[5].anonymous), ("", Some(100 * 1024)));
+    }
+
+    /// This test binary's resident bytes in clean mappings, and its relocated data's own
+    /// pages.
+    #[cfg(target_os = "linux")]
+    fn resident() -> (u64, u64) {
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let ours: Vec<Mapping> = mappings(&smaps)
+            .into_iter()
+            .filter(|m| m.path == exe.to_string_lossy())
+            .collect();
+        let clean = ours.iter().filter(|m| m.is_clean()).map(|m| m.resident);
+        let relocated = ours
+            .iter()
+            .filter(|m| !m.perms.contains('w') && !m.is_clean())
+            .map(|m| m.anonymous.unwrap_or(0));
+        (clean.sum(), relocated.sum())
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn released_code_comes_back_only_where_it_runs() {
+        let (clean, relocated) = resident();
+        assert!(clean > 0, "the test binary runs from its own file");
+        assert!(release_code_pages() > 0, "some of it was resident");
+        let (after, relocated_after) = resident();
+        assert!(
+            after < clean,
+            "resident code after the release ({after} bytes) is below before ({clean})"
+        );
+        assert_eq!(
+            relocated_after, relocated,
+            "the pages written at start-up (relocations) are all still there"
+        );
     }
 }

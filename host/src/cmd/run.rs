@@ -31,6 +31,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     runtime.block_on(async {
         let client = crate::client::connect().await?;
         let host = Host::new(client, host_config(args)).await?;
+        tokio::spawn(release_code_pages(host.ready()));
         host.run(shutdown_signal()).await
     })
 }
@@ -69,6 +70,27 @@ pub fn host_config(args: RunArgs) -> HostConfig {
             renew_grace_seconds: args.lease_renew_grace_seconds,
         }),
         ..HostConfig::default()
+    }
+}
+
+/// Once the host is ready (or after a minute, for a host that stays unready) and then now and
+/// then, unmaps the code it no longer runs: start-up's, the first lists', a plugin load's
+/// ([`crate::memory::release_code_pages`]).
+async fn release_code_pages(mut ready: tokio::sync::watch::Receiver<bool>) {
+    let first = tokio::time::timeout(Duration::from_secs(60), ready.wait_for(|ready| *ready));
+    if let Ok(Err(_closed)) = first.await {
+        return;
+    }
+    loop {
+        let started = std::time::Instant::now();
+        if let Ok(bytes) = tokio::task::spawn_blocking(crate::memory::release_code_pages).await {
+            tracing::debug!(
+                mib = bytes as f64 / f64::from(1 << 20),
+                took = ?started.elapsed(),
+                "released code pages"
+            );
+        }
+        tokio::time::sleep(config::CODE_PAGES_RELEASE).await;
     }
 }
 
