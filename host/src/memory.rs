@@ -141,6 +141,7 @@ impl Mapping<'_> {
     }
 }
 
+/// Every mapping listed in `smaps`, in its order.
 fn mappings(smaps: &str) -> Vec<Mapping<'_>> {
     let mut found: Vec<Mapping> = Vec::new();
     for line in smaps.lines() {
