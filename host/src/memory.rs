@@ -112,6 +112,8 @@ pub fn release_code_pages() -> u64 {
         return 0;
     };
     let exe = exe.to_string_lossy();
+    // Read afresh each time, not once: a debugger or a uprobe gives a code page a private
+    // copy, and that mapping must then be left alone.
     mappings(&smaps)
         .into_iter()
         .filter(|m| m.path == exe && m.is_clean())
@@ -121,7 +123,7 @@ pub fn release_code_pages() -> u64 {
 }
 
 /// One mapping of `/proc/<pid>/smaps`, with the fields read here.
-#[derive(Debug, Default, PartialEq)]
+#[derive(Default)]
 struct Mapping<'a> {
     start: usize,
     end: usize,
@@ -256,7 +258,7 @@ Anonymous:           100 kB
 
     #[cfg(target_os = "linux")]
     #[test]
-    fn released_code_comes_back_only_where_it_runs() {
+    fn a_release_drops_resident_code_and_keeps_the_relocations() {
         let (clean, relocated) = resident();
         assert!(clean > 0, "the test binary runs from its own file");
         assert!(release_code_pages() > 0, "some of it was resident");
