@@ -196,7 +196,7 @@ pub struct RunArgs {
     /// pod then compiles every plugin itself.
     #[arg(long)]
     pub no_shared_artifacts: bool,
-    /// Parents reconciled at the same time, per plugin.
+    /// Parents reconciled at the same time, per plugin, over every shard this host holds.
     #[arg(long, default_value_t = config::CONCURRENCY)]
     pub concurrency: usize,
     /// Reconcile every parent this often even when nothing changed, in seconds (a plugin's

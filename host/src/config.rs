@@ -38,7 +38,8 @@ pub const MAX_RESPONSE_KIB_RANGE: std::ops::RangeInclusive<u64> = 1..=65_536;
 /// The values of `wasmop.io/resync-seconds`: up to 30 days.
 pub const RESYNC_SECONDS_RANGE: std::ops::RangeInclusive<u64> = 1..=2_592_000;
 
-/// Parents reconciled at the same time, per plugin (`--concurrency`).
+/// Parents reconciled at the same time, per plugin, over every shard a host holds
+/// (`--concurrency`).
 pub const CONCURRENCY: usize = 4;
 
 /// Every parent is reconciled this often even when nothing changed, in seconds

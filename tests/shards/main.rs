@@ -10,6 +10,8 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -260,6 +262,25 @@ fn writes_by_resource(metrics: &str) -> String {
 async fn scrape(host: &Host) -> String {
     let addr = host.http_addr().await;
     http_get(&addr, "/metrics").await.1
+}
+
+/// Samples `wasmop_reconciles_in_flight` of each host at `addrs` until the flag is set; the
+/// task answers the most each one showed.
+fn most_in_flight(addrs: Vec<String>) -> (Arc<AtomicBool>, tokio::task::JoinHandle<Vec<f64>>) {
+    let done = Arc::new(AtomicBool::new(false));
+    let stop = done.clone();
+    let task = tokio::spawn(async move {
+        let mut most = vec![0.0f64; addrs.len()];
+        while !stop.load(Ordering::Relaxed) {
+            for (addr, most) in addrs.iter().zip(most.iter_mut()) {
+                let text = http_get(addr, "/metrics").await.1;
+                *most = most.max(metric(&text, "wasmop_reconciles_in_flight", &[]));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        most
+    });
+    (done, task)
 }
 
 /// Sends `kill <sig>` to the host.
@@ -518,15 +539,41 @@ async fn without_server_sharding_replicas_filter_and_write_as_one_host_does() {
     let kubeconfig = cluster.kubeconfig_path().to_path_buf();
     let mut world = World::new(client.clone(), "fb", 8).await;
 
-    let args = ["--shards", "4", "--lease-duration-seconds", LEASE_SECONDS];
+    // One reconcile at a time per plugin, however many shards a replica holds.
+    let args = [
+        "--shards",
+        "4",
+        "--lease-duration-seconds",
+        LEASE_SECONDS,
+        "--concurrency",
+        "1",
+    ];
     let pods = ["wasmop-a", "wasmop-b"];
     let hosts: Vec<Host> = pods
         .iter()
         .map(|p| world.host(p, &kubeconfig, &args))
         .collect();
     let holders = wait_balanced(&world, &pods, 4).await;
+    let mut addrs = Vec::new();
+    for host in &hosts {
+        addrs.push(host.http_addr().await);
+    }
+    let (done, sampler) = most_in_flight(addrs);
     let parents = world.put_parents(&world.namespaces, 120).await;
     wait_converged(&client, &parents).await;
+    done.store(true, Ordering::Relaxed);
+    let most = sampler.await.expect("sampler");
+    println!("measured: most reconciles at once, per replica: {most:?}");
+    for (pod, most) in pods.iter().zip(&most) {
+        assert!(
+            *most <= 1.0,
+            "{pod} ran {most} reconciles at once with --concurrency 1"
+        );
+    }
+    assert!(
+        most.contains(&1.0),
+        "the sampler saw no reconcile at all: {most:?}"
+    );
     // Events are recorded off the reconcile's path: let them land, as for the single host.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let mut sharded_writes = 0.0;
@@ -620,7 +667,7 @@ async fn without_server_sharding_replicas_filter_and_write_as_one_host_does() {
     }
 
     // One unsharded host, at rest over those parents, then as many new ones.
-    let single = world.host("wasmop-single", &kubeconfig, &[]);
+    let single = world.host("wasmop-single", &kubeconfig, &["--concurrency", "1"]);
     let started = Instant::now();
     let mut last = -1.0;
     let baseline = loop {

@@ -17,6 +17,7 @@ pub mod reconcile;
 pub mod related;
 pub mod release;
 pub mod shards;
+pub mod slots;
 pub mod supervisor;
 
 use std::collections::{BTreeMap, HashMap};
@@ -26,7 +27,8 @@ use std::time::Duration;
 use futures::stream::{self, BoxStream, StreamExt};
 use kube::Client;
 use kube::runtime::events::Reporter;
-use tokio::sync::{mpsc, oneshot, watch};
+use prometheus_client::metrics::gauge::Gauge;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -44,12 +46,14 @@ use crate::watch::{Cache, Change, Hub, Missing, ObjKey, Object, Subscription};
 use queue::{Backoff, Queue, Reason};
 use related::RelatedIndex;
 pub use shards::ShardedSupervisor;
+pub use slots::Slots;
 pub use supervisor::Supervisor;
 
 /// How a controller schedules its work. One value serves every plugin of a host.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// Parents reconciled at the same time, per plugin.
+    /// Parents reconciled at the same time, per plugin, over all its controllers on the host
+    /// (see [`Slots`]).
     pub concurrency: usize,
     /// Delay that gathers a burst of child and related changes (a Deployment rolling out its
     /// pods) into one reconcile. Changes to the parent itself are not delayed.
@@ -326,6 +330,7 @@ pub fn spawn(
     loaded: Loaded,
     config: Config,
     fence: Fence,
+    slots: Arc<Semaphore>,
 ) -> ControllerHandle {
     let mut subs = vec![(
         Role::Parent,
@@ -379,6 +384,14 @@ pub fn spawn(
         config,
         queue: Queue::default(),
         fence,
+        slots,
+        spare: None,
+        in_flight: crate::telemetry::metrics()
+            .reconciles_in_flight
+            .get_or_create(&crate::telemetry::metrics::PluginLabels {
+                plugin: name.clone(),
+            })
+            .clone(),
         running: JoinSet::new(),
         tasks: HashMap::new(),
         parents: HashMap::new(),
@@ -414,6 +427,11 @@ struct Runner {
     queue: Queue,
     // Reconciles start only while it is open: see [`crate::client::Fence`].
     fence: Fence,
+    // The plugin's reconcile slots on this host, shared with its other controllers (one per
+    // shard held), and one taken while waiting, for the next dispatch.
+    slots: Arc<Semaphore>,
+    spare: Option<OwnedSemaphorePermit>,
+    in_flight: Gauge,
     running: JoinSet<(ObjKey, Result<reconcile::Outcome, error::Error>)>,
     // Which parent each running task reconciles (for a task that panics), and whether with
     // the candidate (its digest).
@@ -426,6 +444,25 @@ struct Runner {
     preview: Option<Loaded>,
     previews: Arc<Mutex<Option<Previews>>>,
     parents: HashMap<ObjKey, ParentState>,
+}
+
+/// One of the plugin's slots, taken by a reconcile for as long as it runs.
+struct Running {
+    _slot: OwnedSemaphorePermit,
+    gauge: Gauge,
+}
+
+impl Running {
+    fn start(slot: OwnedSemaphorePermit, gauge: Gauge) -> Self {
+        gauge.inc();
+        Running { _slot: slot, gauge }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
 }
 
 /// What a controller keeps about one parent between reconciles, in one place so that it is
@@ -577,13 +614,27 @@ impl Runner {
             })
             // A clone shares the value and drops the registry's lock guard.
             .clone();
+        // Other controllers of the plugin (other shards) add to the same gauge: only this
+        // one's change is applied.
+        let mut queued = 0;
         loop {
             // Once asked to stop, only the reconciles in flight are waited for.
             if stop.is_none() {
                 self.dispatch();
             }
-            depth.set(self.queue.len() as i64);
+            let len = self.queue.len() as i64;
+            depth.inc_by(len - queued);
+            queued = len;
             let due = self.queue.next_due();
+            // A due parent waits for one of the plugin's slots, which another shard's
+            // controller may hold: acquiring one wakes this loop when it is free.
+            let slot = {
+                let slots = self.slots.clone();
+                async move {
+                    sleep_until(due).await;
+                    slots.acquire_owned().await
+                }
+            };
             tokio::select! {
                 Some((role, change)) = changes.next() => self.on_change(role, change),
                 cmd = commands.recv(), if stop.is_none() => match cmd {
@@ -613,16 +664,15 @@ impl Runner {
                         },
                     }
                 },
-                // With every slot busy a due entry waits for `join_next`; arming the timer
-                // then would wake this loop at once, again and again.
-                _ = sleep_until(due), if due.is_some() && stop.is_none()
-                    && self.running.len() < self.config.concurrency && self.fence.is_open() => {},
+                slot = slot, if due.is_some() && stop.is_none() && self.fence.is_open() => {
+                    self.spare = slot.ok();
+                },
             }
             if stop.is_some() && self.running.is_empty() {
                 break;
             }
         }
-        depth.set(0);
+        depth.dec_by(queued);
         if let Some((true, _)) = &stop {
             let manifest = self.loaded.plugin.manifest();
             if manifest.finalizer {
@@ -636,18 +686,27 @@ impl Runner {
     }
 
     fn dispatch(&mut self) {
+        // Kept past this call, a slot would idle while other shards' parents wait for it.
+        let mut spare = self.spare.take();
         // A leader whose Lease is lost or stale starts nothing (its writes would be refused).
         if !self.fence.is_open() {
             return;
         }
         let now = Instant::now();
-        while self.running.len() < self.config.concurrency {
+        loop {
+            let Some(slot) = spare
+                .take()
+                .or_else(|| self.slots.clone().try_acquire_owned().ok())
+            else {
+                break;
+            };
             let Some((key, reason)) = self.queue.pop_due(now) else {
                 break;
             };
             let state = self.parents.entry(key.clone()).or_default();
             if state.in_flight {
                 state.dirty = Some(reason);
+                spare = Some(slot);
                 continue;
             }
             state.in_flight = true;
@@ -661,7 +720,9 @@ impl Runner {
             let loaded = candidate.map_or(&self.loaded, |(l, _)| l).clone();
             let parent = key.clone();
             let preview = self.preview.clone().map(|p| (p, self.previews.clone()));
+            let running = Running::start(slot, self.in_flight.clone());
             let task = self.running.spawn(async move {
+                let _running = running;
                 let result = reconcile::run(&shared, &loaded, &key, &reason, may_defer).await;
                 // After the live version, so the preview sees what it left.
                 if let Some((candidate, previews)) = preview {

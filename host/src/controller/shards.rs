@@ -14,7 +14,7 @@ use kube::Client;
 use kube::runtime::events::Reporter;
 use tokio::sync::watch;
 
-use super::{Config, Supervisor};
+use super::{Config, Slots, Supervisor};
 use crate::client::Fence;
 use crate::kinds::Kinds;
 use crate::plugin::rollout::{PreviewReport, Report};
@@ -30,6 +30,8 @@ pub struct ShardedSupervisor {
     hub: Hub,
     reporter: Reporter,
     config: Config,
+    // One budget per plugin over every shard held: see [`Slots`].
+    slots: Slots,
     held: watch::Receiver<Held>,
     active: BTreeMap<Shard, (Fence, Supervisor)>,
     // What the registry runs, to start on shards taken later.
@@ -55,6 +57,7 @@ impl ShardedSupervisor {
             namespace: namespace.to_string(),
             hub,
             reporter,
+            slots: Slots::new(config.concurrency),
             config,
             held,
             active: BTreeMap::new(),
@@ -112,7 +115,8 @@ impl Supervise for ShardedSupervisor {
                     self.reporter.clone(),
                     self.config.clone(),
                     fence.clone(),
-                );
+                )
+                .with_slots(self.slots.clone());
                 for (configmap, (loaded, kinds)) in &self.plugins {
                     supervisor
                         .run(configmap, loaded.clone(), kinds.clone())

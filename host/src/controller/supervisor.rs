@@ -16,7 +16,7 @@ use kube::runtime::events::Reporter;
 use wasmop_contract::KindRef;
 
 use super::ledger::{self, Ledger};
-use super::{Config, ControllerHandle, release, spawn};
+use super::{Config, ControllerHandle, Slots, release, spawn};
 use crate::client::Fence;
 use crate::kinds::{Kinds, ResolvedKind, resolve_one};
 use crate::plugin::rollout::{PreviewReport, Report};
@@ -44,6 +44,7 @@ pub struct Supervisor {
     reporter: Reporter,
     config: Config,
     fence: Fence,
+    slots: Slots,
     running: HashMap<String, ControllerHandle>,
     // Controllers restarted after dying: how often in a row, and when last.
     revived: HashMap<String, (u32, Instant)>,
@@ -68,6 +69,7 @@ impl Supervisor {
             hub,
             client,
             reporter,
+            slots: Slots::new(config.concurrency),
             config,
             fence,
             running: HashMap::new(),
@@ -75,7 +77,14 @@ impl Supervisor {
         }
     }
 
-    fn spawn(&self, kinds: Kinds, loaded: Loaded) -> ControllerHandle {
+    /// These controllers, drawing on `slots` for how many parents each plugin reconciles at
+    /// once, shared with other supervisors (those of the other shards a host holds).
+    pub fn with_slots(mut self, slots: Slots) -> Self {
+        self.slots = slots;
+        self
+    }
+
+    fn spawn(&self, configmap: &str, kinds: Kinds, loaded: Loaded) -> ControllerHandle {
         spawn(
             &self.hub,
             self.reporter.clone(),
@@ -83,6 +92,7 @@ impl Supervisor {
             loaded,
             self.config.clone(),
             self.fence.clone(),
+            self.slots.of(configmap),
         )
     }
 
@@ -126,7 +136,7 @@ impl Supervisor {
                 Activation::Started
             }
         };
-        let handle = self.spawn(kinds, loaded);
+        let handle = self.spawn(configmap, kinds, loaded);
         self.running.insert(configmap.to_string(), handle);
         activation
     }
@@ -297,7 +307,7 @@ impl Supervise for Supervisor {
             }
             let handle = self.running.remove(&configmap).expect("listed above");
             let (kinds, loaded) = (handle.kinds().clone(), handle.loaded().clone());
-            let fresh = self.spawn(kinds, loaded);
+            let fresh = self.spawn(&configmap, kinds, loaded);
             self.running.insert(configmap.clone(), fresh);
             self.revived
                 .insert(configmap.clone(), (times + 1, Instant::now()));
@@ -327,7 +337,7 @@ impl Supervise for Supervisor {
             self.retire_recorded(configmap, &mut kinds).await;
             let live = handle.loaded().clone();
             handle.stop(false).await;
-            let mut fresh = self.spawn(kinds, live);
+            let mut fresh = self.spawn(configmap, kinds, live);
             set_route(&mut fresh, canary);
             self.running.insert(configmap.to_string(), fresh);
         }

@@ -11,7 +11,8 @@
 //! | `wasmop_plugin_loads_total` | configmap, result (`success`, `failure`) |
 //! | `wasmop_plugin_swaps_total` | configmap |
 //! | `wasmop_plugin_info` (gauge, 1 per loaded plugin) | configmap, plugin, version, digest |
-//! | `wasmop_workqueue_depth` (gauge) | plugin |
+//! | `wasmop_workqueue_depth` (gauge, over every shard held) | plugin |
+//! | `wasmop_reconciles_in_flight` (gauge, at most `--concurrency`) | plugin |
 //! | `wasmop_cache_objects` (gauge) | kind (`Deployment.apps/v1`), body (`full`, `metadata`) |
 //! | `wasmop_cache_bytes` (gauge, the objects' own bytes, not the indexes) | kind, body |
 
@@ -128,6 +129,8 @@ pub struct Metrics {
     pub plugin_info: Family<InfoLabels, Gauge>,
     /// Parents waiting in each plugin's queue.
     pub workqueue_depth: Family<PluginLabels, Gauge>,
+    /// Reconciles running now, per plugin.
+    pub reconciles_in_flight: Family<PluginLabels, Gauge>,
     /// Writes to the API server, sent or refused by the fence.
     pub api_writes: Family<WriteLabels, Counter>,
     /// Objects in each shared watch's cache.
@@ -164,6 +167,7 @@ impl Metrics {
             plugin_swaps: Family::default(),
             plugin_info: Family::default(),
             workqueue_depth: Family::default(),
+            reconciles_in_flight: Family::default(),
             api_writes: Family::default(),
             cache_objects: Family::default(),
             cache_bytes: Family::default(),
@@ -214,6 +218,11 @@ impl Metrics {
             "workqueue_depth",
             "Parents waiting to be reconciled",
             m.workqueue_depth.clone(),
+        );
+        r.register(
+            "reconciles_in_flight",
+            "Reconciles running now, over every shard held (at most --concurrency per plugin)",
+            m.reconciles_in_flight.clone(),
         );
         r.register(
             "api_writes",
