@@ -221,6 +221,7 @@ impl Host {
                     hub,
                     reporter.clone(),
                     config.controller.clone(),
+                    sharding.shards,
                     held,
                 );
                 (Box::new(supervisor), Some(keeper))
@@ -235,11 +236,6 @@ impl Host {
             reporter,
             health.clone(),
         );
-        let registry = if keeper.is_some() {
-            registry.unstaged()
-        } else {
-            registry
-        };
         let probes = bind(config.probe_addr).await?;
         let metrics = if config.metrics_addr == config.probe_addr {
             None

@@ -16,11 +16,13 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kube::Client;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
 use testenv::TestNamespace;
+use wasmop::plugin::revision::{Phase, Revisions};
+use wasmop::plugin::rollout::{STEP_SECONDS_ANNOTATION, STEPS_ANNOTATION, STRATEGY_ANNOTATION};
 use wasmop::shard::Shard;
 use wasmop::shard::keeper;
 
@@ -57,41 +59,67 @@ impl World {
         let host_ns = testenv::namespace(&client, &format!("{label}-host"))
             .await
             .expect("host namespace");
-        let plugin = {
-            let wasm = wasm.clone();
-            tokio::task::spawn_blocking(move || wasmop::cmd::probe(&wasm))
-                .await
-                .unwrap()
-                .expect("the plugin loads")
-        };
-        // Cluster-wide rights: the replicas reconcile in every namespace.
-        let options = wasmop::cmd::rbac::Options {
-            configmap: Some(configmap.into()),
-            name: Some(format!("wasmop-plugin-{}", host_ns.name())),
-            namespace: host_ns.name().to_string(),
-            service_account: "wasmop".into(),
-            watch_namespace: None,
-            plurals: Vec::new(),
-        };
-        let rbac = wasmop::cmd::rbac::objects(plugin.manifest(), &options).expect("rbac");
-        testenv::apply_objects(&client, rbac, "shards")
-            .await
-            .expect("the plugin's RBAC");
-        let cm = wasmop::cmd::package::package(&wasm, configmap, host_ns.name(), None)
-            .expect("a plugin ConfigMap")
-            .configmap;
-        host_ns
-            .api::<ConfigMap>()
-            .patch(configmap, &PatchParams::apply("shards"), &Patch::Apply(&cm))
-            .await
-            .expect("the plugin ConfigMap");
         let mut world = World {
             client,
             host_ns,
             namespaces: Vec::new(),
         };
+        world.grant(configmap, &wasm).await;
+        world.put_plugin(configmap, &wasm, None, &[]).await;
         world.add_namespaces(label, namespaces).await;
         world
+    }
+
+    /// Gives the plugin in ConfigMap `configmap` the rights `wasm` asks for, cluster-wide: the
+    /// replicas reconcile in every namespace.
+    async fn grant(&self, configmap: &str, wasm: &[u8]) {
+        let plugin = {
+            let wasm = wasm.to_vec();
+            tokio::task::spawn_blocking(move || wasmop::cmd::probe(&wasm))
+                .await
+                .unwrap()
+                .expect("the plugin loads")
+        };
+        let options = wasmop::cmd::rbac::Options {
+            configmap: Some(configmap.into()),
+            name: Some(format!("wasmop-plugin-{}", self.host_ns.name())),
+            namespace: self.host_ns.name().to_string(),
+            service_account: "wasmop".into(),
+            watch_namespace: None,
+            plurals: Vec::new(),
+        };
+        let rbac = wasmop::cmd::rbac::objects(plugin.manifest(), &options).expect("rbac");
+        testenv::apply_objects(&self.client, rbac, "shards")
+            .await
+            .expect("the plugin's RBAC");
+    }
+
+    /// Puts ConfigMap `configmap` as `wasmop package` builds it from `wasm` and `settings`,
+    /// with `annotations`.
+    async fn put_plugin(
+        &self,
+        configmap: &str,
+        wasm: &[u8],
+        settings: Option<&str>,
+        annotations: &[(&str, &str)],
+    ) {
+        let settings = settings.map(str::to_owned);
+        let mut cm = wasmop::cmd::package::package(wasm, configmap, self.host_ns.name(), settings)
+            .expect("a plugin ConfigMap")
+            .configmap;
+        let ann = cm.metadata.annotations.get_or_insert_with(BTreeMap::new);
+        for (k, v) in annotations {
+            ann.insert(k.to_string(), v.to_string());
+        }
+        self.host_ns
+            .api::<ConfigMap>()
+            .patch(
+                configmap,
+                &PatchParams::apply("shards").force(),
+                &Patch::Apply(&cm),
+            )
+            .await
+            .expect("the plugin ConfigMap");
     }
 
     async fn add_namespaces(&mut self, label: &str, n: usize) {
@@ -122,6 +150,11 @@ impl World {
             })
             .await;
         parents
+    }
+
+    /// The revisions of this world's plugins.
+    fn revisions(&self) -> Revisions {
+        Revisions::new(self.client.clone(), self.host_ns.name())
     }
 
     /// The Leases of this world's shards: index → holder.
@@ -822,4 +855,253 @@ async fn a_plugin_deleted_while_shards_have_no_holder_still_has_its_finalizer_re
         record.and_then(|cm| cm.data).unwrap_or_default().is_empty(),
         "the record forgets the plugin once released"
     );
+}
+
+/// Each parent's `Ready` condition message, where the status is `True`, by (namespace, name).
+async fn ready_messages(client: &Client) -> BTreeMap<(String, String), String> {
+    let api = Api::<DynamicObject>::all_with(client.clone(), &memcached_resource());
+    let list = api.list(&ListParams::default()).await.expect("Memcacheds");
+    list.items
+        .into_iter()
+        .filter_map(|o| {
+            let conditions = o.data["status"]["conditions"].as_array()?.clone();
+            let ready = conditions
+                .iter()
+                .find(|c| c["type"] == "Ready" && c["status"] == "True")?;
+            let key = (o.metadata.namespace?, o.metadata.name?);
+            Some((key, ready["message"].as_str()?.to_owned()))
+        })
+        .collect()
+}
+
+/// Waits until every one of `parents` is Ready, last reconciled by revision `number`.
+async fn wait_all_on(
+    client: &Client,
+    parents: &[(String, String)],
+    number: i64,
+    logs: impl Fn() -> String,
+) {
+    let suffix = format!(", revision {number}");
+    testenv::wait_for(
+        &format!("{} parents reconciled by revision {number}", parents.len()),
+        CONVERGE,
+        || async {
+            let ready = ready_messages(client).await;
+            let all = parents
+                .iter()
+                .all(|p| ready.get(p).is_some_and(|m| m.ends_with(&suffix)));
+            Ok::<_, String>(all.then_some(()))
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs()));
+}
+
+async fn phases(world: &World) -> Vec<(i64, Phase)> {
+    world
+        .revisions()
+        .list("memcached")
+        .await
+        .expect("revisions")
+        .into_iter()
+        .map(|r| (r.number, r.phase))
+        .collect()
+}
+
+/// Staged rollouts on a sharded host: the replica holding the designated shard judges a canary
+/// from every shard's report on the candidate's revision and the other follows it, so a bad
+/// candidate is rolled back and a good one made live on both; a preview covers both replicas'
+/// parents and writes nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_canary_and_a_preview_span_every_replicas_shards() {
+    let plane = testenv::TestEnv::start_with_feature_gates(&["ShardedListAndWatch=true"])
+        .await
+        .expect("a control plane with sharded watches");
+    let client = plane.client().await.expect("client");
+    let kubeconfig = plane.kubeconfig_path().to_path_buf();
+    let world = World::new(client.clone(), "cy", 12).await;
+    let (v1, v2) = (
+        test_artifacts::read(test_artifacts::MEMCACHED),
+        test_artifacts::read(test_artifacts::MEMCACHED_V2),
+    );
+    world.grant("memcached", &v2).await;
+
+    let args = ["--shards", "4", "--lease-duration-seconds", LEASE_SECONDS];
+    let pods = ["wasmop-a", "wasmop-b"];
+    let hosts: Vec<Host> = pods
+        .iter()
+        .map(|p| world.host(p, &kubeconfig, &args))
+        .collect();
+    let logs = || hosts.iter().map(Host::logs).collect::<Vec<_>>().join("\n");
+    let holders = wait_balanced(&world, &pods, 4).await;
+    let parents = world.put_parents(&world.namespaces, 80).await;
+    wait_all_on(&client, &parents, 1, logs).await;
+    for pod in pods {
+        assert!(
+            parents_in(&parents, &shards_of(&holders, pod, 4)) > 0,
+            "{pod}'s shards hold none of the 12 namespaces: nothing would span replicas"
+        );
+    }
+    let designated = Shard::all(4).into_iter().find(|s| s.holds("")).unwrap();
+    let judge = pods
+        .iter()
+        .position(|p| holders[&designated.index()] == *p)
+        .unwrap();
+    let follower = &hosts[1 - judge];
+
+    // A bad candidate: settings the plugin cannot read, so each of its reconciles fails.
+    let canary = [
+        (STRATEGY_ANNOTATION, "canary"),
+        (STEPS_ANNOTATION, "50,100"),
+        (STEP_SECONDS_ANNOTATION, "2"),
+    ];
+    world
+        .put_plugin("memcached", &v1, Some("image: [1, 2]\n"), &canary)
+        .await;
+    testenv::wait_for("revision 2 to be rolled back", CONVERGE, || async {
+        let p = phases(&world).await;
+        Ok::<_, String>((p == [(1, Phase::Live), (2, Phase::Aborted)]).then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs()));
+    let revision = world.revisions().list("memcached").await.unwrap();
+    let reported: Vec<u32> = revision[1].shard_reports.keys().copied().collect();
+    assert_eq!(
+        reported,
+        [0, 1, 2, 3],
+        "every shard reported on the revision"
+    );
+    let note = revision[1].note.clone().unwrap_or_default();
+    assert!(note.contains("at step 1 (50%)"), "{note}");
+    wait_all_on(&client, &parents, 1, logs).await;
+    testenv::wait_for(
+        "the other replica to follow the rollback",
+        CONVERGE,
+        || async { Ok::<_, String>(follower.logs().contains("rolled back").then_some(())) },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", follower.logs()));
+
+    // A preview of another image: every shard's parents, nothing written.
+    let preview = [(STRATEGY_ANNOTATION, "preview")];
+    world
+        .put_plugin(
+            "memcached",
+            &v1,
+            Some("image: memcached:1.6.99\n"),
+            &preview,
+        )
+        .await;
+    let n = parents.len();
+    let whole = format!("{n} of {n} parents previewed: {n} would change");
+    let (summary, diff) =
+        testenv::wait_for("the preview to cover every parent", CONVERGE, || async {
+            let all = world
+                .revisions()
+                .list("memcached")
+                .await
+                .map_err(|e| e.to_string())?;
+            let preview = all
+                .iter()
+                .find(|r| r.number == 3)
+                .and_then(|r| r.preview.clone());
+            Ok::<_, String>(preview.filter(|(s, _)| s.starts_with(&whole)))
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", logs()));
+    println!("measured: the preview over 2 replicas: {summary}");
+    assert!(!summary.contains("shards reported"), "{summary}");
+    for pod in pods {
+        let mine = shards_of(&holders, pod, 4);
+        let (ns, name) = parents
+            .iter()
+            .find(|(ns, _)| mine.iter().any(|s| s.holds(ns)))
+            .unwrap();
+        assert!(
+            diff.contains(&format!("{ns}/{name}")),
+            "the diff shows {pod}'s parents too:\n{diff}"
+        );
+    }
+    let deployments: Api<Deployment> = Api::all(client.clone());
+    let previewed_image = deployments
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .flat_map(|d| d.spec.template.spec.iter())
+        .flat_map(|p| p.containers.iter())
+        .any(|c| c.image.as_deref() == Some("memcached:1.6.99"));
+    assert!(!previewed_image, "a preview writes nothing");
+
+    // A good candidate replaces the preview; the judging replica is killed at its first step,
+    // and the other takes the designated shard and carries the canary on from the revision.
+    let canary = [
+        (STRATEGY_ANNOTATION, "canary"),
+        (STEPS_ANNOTATION, "50,100"),
+        (STEP_SECONDS_ANNOTATION, "5"),
+    ];
+    world.put_plugin("memcached", &v2, None, &canary).await;
+    let revisions = world.revisions();
+    testenv::wait_for(
+        "revision 4's first step to be recorded",
+        CONVERGE,
+        || async {
+            let all = revisions
+                .list("memcached")
+                .await
+                .map_err(|e| e.to_string())?;
+            let started = all.iter().any(|r| r.number == 4 && r.step == Some(0));
+            Ok::<_, String>(started.then_some(()))
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs()));
+    let mut hosts = hosts;
+    let survivor = hosts.remove(1 - judge);
+    hosts.pop().unwrap().kill();
+    testenv::wait_for("revision 4 to be made live", CONVERGE, || async {
+        let p = phases(&world).await;
+        let want = [
+            (1, Phase::Retired),
+            (2, Phase::Aborted),
+            (3, Phase::Aborted),
+            (4, Phase::Live),
+        ];
+        Ok::<_, String>((p == want).then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", survivor.logs()));
+    let steps: Vec<String> = survivor
+        .logs()
+        .lines()
+        .filter(|l| l.contains("revision 4") && l.contains("% of parents"))
+        .map(|l| l.split(" (step ").next().unwrap_or(l).to_owned())
+        .collect();
+    println!("measured: the surviving replica's canary steps: {steps:#?}");
+    assert!(
+        survivor
+            .logs()
+            .contains("serves 100% of parents (step 2 of 2)"),
+        "the survivor judged the last step:\n{}",
+        survivor.logs()
+    );
+    wait_all_on(&client, &parents, 4, || survivor.logs()).await;
+    let services: Api<Service> = Api::all(client.clone());
+    let with_service = services
+        .list_metadata(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|s| {
+            let key = (
+                s.metadata.namespace.clone().unwrap_or_default(),
+                s.metadata.name.clone().unwrap_or_default(),
+            );
+            parents.contains(&key)
+        })
+        .count();
+    assert_eq!(with_service, parents.len(), "every parent has v2's Service");
+    assert!(survivor.terminate().success());
 }

@@ -243,17 +243,15 @@ impl ControllerHandle {
             Some(ns) => format!("{ns}/{name}"),
             None => name.clone(),
         };
-        Some(Report {
-            share: covered.len(),
-            reconciled: covered
-                .iter()
-                .filter(|k| tally.reconciled.contains(*k))
-                .count(),
-            failed: covered
-                .iter()
-                .filter_map(|k| Some((name(k), tally.failed.get(k)?.clone())))
-                .collect(),
-        })
+        let failed: Vec<(String, String)> = covered
+            .iter()
+            .filter_map(|k| Some((name(k), tally.failed.get(k)?.clone())))
+            .collect();
+        let reconciled = covered
+            .iter()
+            .filter(|k| tally.reconciled.contains(*k))
+            .count();
+        Some(Report::new(*weight, covered.len(), reconciled, &failed))
     }
 
     /// Stops taking work, waits for reconciles in flight, and drops the watches. With

@@ -32,6 +32,8 @@ pub struct ShardedSupervisor {
     config: Config,
     // One budget per plugin over every shard held: see [`Slots`].
     slots: Slots,
+    // Shards the parents are split into.
+    count: u32,
     held: watch::Receiver<Held>,
     active: BTreeMap<Shard, (Fence, Supervisor)>,
     // What the registry runs, to start on shards taken later.
@@ -42,17 +44,19 @@ pub struct ShardedSupervisor {
 }
 
 impl ShardedSupervisor {
-    /// Controllers for the shards in `held` as it changes, each over `hub` narrowed to its
-    /// shard.
+    /// Controllers for the shards in `held` (of `count`) as it changes, each over `hub`
+    /// narrowed to its shard.
     pub fn new(
         client: Client,
         namespace: &str,
         hub: Hub,
         reporter: Reporter,
         config: Config,
+        count: u32,
         held: watch::Receiver<Held>,
     ) -> Self {
         ShardedSupervisor {
+            count,
             client,
             namespace: namespace.to_string(),
             hub,
@@ -224,15 +228,42 @@ impl Supervise for ShardedSupervisor {
     }
 
     fn canary_report(&self, configmap: &str) -> Option<Report> {
-        // Rollouts are not staged on a sharded host (the registry makes every version live).
+        let mut reports = self.shard_reports(configmap).into_iter();
+        let (_, mut all) = reports.next()?;
+        for (_, r) in reports {
+            all.add(&r);
+        }
+        Some(all)
+    }
+
+    fn shards(&self) -> Option<u32> {
+        Some(self.count)
+    }
+
+    fn judges(&self) -> bool {
+        self.active.keys().any(|shard| shard.holds(""))
+    }
+
+    fn shard_reports(&self, configmap: &str) -> Vec<(u32, Report)> {
         self.active
-            .values()
-            .find_map(|(_, s)| s.canary_report(configmap))
+            .iter()
+            .filter_map(|(shard, (_, s))| Some((shard.index(), s.canary_report(configmap)?)))
+            .collect()
     }
 
     fn preview_report(&self, configmap: &str) -> Option<PreviewReport> {
+        let mut reports = self.shard_previews(configmap).into_iter();
+        let (_, mut all) = reports.next()?;
+        for (_, r) in reports {
+            all.add(&r);
+        }
+        Some(all)
+    }
+
+    fn shard_previews(&self, configmap: &str) -> Vec<(u32, PreviewReport)> {
         self.active
-            .values()
-            .find_map(|(_, s)| s.preview_report(configmap))
+            .iter()
+            .filter_map(|(shard, (_, s))| Some((shard.index(), s.preview_report(configmap)?)))
+            .collect()
     }
 }

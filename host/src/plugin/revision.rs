@@ -44,6 +44,18 @@ pub const PREVIEW_ANNOTATION: &str = "wasmop.io/preview";
 pub const PREVIEW_DIFF_ANNOTATION: &str = "wasmop.io/preview-diff";
 /// Bytes of diff kept on a revision: an object's annotations may hold 256 KiB in all.
 pub const MAX_PREVIEW_DIFF: usize = 192 << 10;
+/// Annotation prefix: `wasmop.io/canary-shard-<i>` holds what shard `i`'s parents showed of a
+/// canary on a sharded host (a [`crate::plugin::rollout::Report`] as JSON), written by the
+/// replica holding it.
+pub const SHARD_REPORT_PREFIX: &str = "wasmop.io/canary-shard-";
+/// Annotation prefix: `wasmop.io/preview-shard-<i>` holds what a preview would change over
+/// shard `i`'s parents on a sharded host (a [`crate::plugin::rollout::PreviewReport`] as
+/// JSON, without its diffs), written by the replica holding it.
+pub const SHARD_PREVIEW_PREFIX: &str = "wasmop.io/preview-shard-";
+/// Annotation prefix: `wasmop.io/preview-diff-<i>` holds shard `i`'s diffs, cut at
+/// [`MAX_PREVIEW_DIFF`] divided by the shards. A revision's diff is these in shard order when
+/// it has no [`PREVIEW_DIFF_ANNOTATION`].
+pub const SHARD_DIFF_PREFIX: &str = "wasmop.io/preview-diff-";
 
 /// Where a revision stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -111,6 +123,10 @@ pub struct Revision {
     pub created: Option<Timestamp>,
     /// A previewed candidate's summary and diff.
     pub preview: Option<(String, String)>,
+    /// A sharded host's canary reports, by shard index, as written (JSON).
+    pub shard_reports: BTreeMap<u32, String>,
+    /// A sharded host's preview reports, by shard index, as written (JSON).
+    pub shard_previews: BTreeMap<u32, String>,
 }
 
 impl Revision {
@@ -148,16 +164,26 @@ impl Revision {
             note: annotations.get(NOTE_ANNOTATION).cloned(),
             created: cr.metadata.creation_timestamp.as_ref().map(|t| t.0),
             preview: annotations.get(PREVIEW_ANNOTATION).map(|summary| {
-                (
-                    summary.clone(),
-                    annotations
-                        .get(PREVIEW_DIFF_ANNOTATION)
-                        .cloned()
-                        .unwrap_or_default(),
-                )
+                let diff = match annotations.get(PREVIEW_DIFF_ANNOTATION) {
+                    Some(diff) => diff.clone(),
+                    None => by_shard(annotations, SHARD_DIFF_PREFIX)
+                        .into_values()
+                        .collect(),
+                };
+                (summary.clone(), diff)
             }),
+            shard_reports: by_shard(annotations, SHARD_REPORT_PREFIX),
+            shard_previews: by_shard(annotations, SHARD_PREVIEW_PREFIX),
         }
     }
+}
+
+/// The annotations named `<prefix><shard index>`, by index.
+fn by_shard(annotations: &BTreeMap<String, String>, prefix: &str) -> BTreeMap<u32, String> {
+    annotations
+        .iter()
+        .filter_map(|(k, v)| Some((k.strip_prefix(prefix)?.parse().ok()?, v.clone())))
+        .collect()
 }
 
 /// A change to a revision's phase and what goes with it.
@@ -360,17 +386,55 @@ impl Revisions {
             .map_err(api_error(name.to_owned()))
     }
 
-    /// Records a previewed candidate's summary and diff on its revision.
+    /// Writes what shard `shard`'s parents showed of the candidate `name` (`report`, JSON),
+    /// leaving the other shards' reports as they are.
+    pub async fn publish_shard_report(
+        &self,
+        name: &str,
+        shard: u32,
+        report: &str,
+    ) -> Result<(), RevisionError> {
+        self.annotate(
+            name,
+            json!({ format!("{SHARD_REPORT_PREFIX}{shard}"): report }),
+        )
+        .await
+    }
+
+    /// Writes what a preview would change over shard `shard`'s parents on the candidate
+    /// `name`: `report` (JSON counts) and `diff`, leaving the other shards' as they are.
+    pub async fn publish_shard_preview(
+        &self,
+        name: &str,
+        shard: u32,
+        report: &str,
+        diff: &str,
+    ) -> Result<(), RevisionError> {
+        let annotations = json!({
+            format!("{SHARD_PREVIEW_PREFIX}{shard}"): report,
+            format!("{SHARD_DIFF_PREFIX}{shard}"): diff,
+        });
+        self.annotate(name, annotations).await
+    }
+
+    /// Records a previewed candidate's summary and diff on its revision; with no diff, the
+    /// shards' diffs are the revision's.
     pub async fn publish_preview(
         &self,
         name: &str,
         summary: &str,
-        diff: &str,
+        diff: Option<&str>,
     ) -> Result<(), RevisionError> {
-        let patch = json!({"metadata": {"annotations": {
+        let annotations = json!({
             PREVIEW_ANNOTATION: summary,
             PREVIEW_DIFF_ANNOTATION: diff,
-        }}});
+        });
+        self.annotate(name, annotations).await
+    }
+
+    /// Merges `annotations` into revision `name`'s (a null removes one).
+    async fn annotate(&self, name: &str, annotations: Value) -> Result<(), RevisionError> {
+        let patch = json!({ "metadata": { "annotations": annotations } });
         self.api
             .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
@@ -508,5 +572,38 @@ mod tests {
             (4, Phase::Candidate, Some(1), Some(started))
         );
         assert_eq!(r.steps, Some(3));
+    }
+
+    #[test]
+    fn a_revision_reads_each_shards_reports_and_joins_their_diffs_in_shard_order() {
+        let annotation = |k: String, v: &str| (k, v.to_string());
+        let cr = ControllerRevision {
+            metadata: ObjectMeta {
+                annotations: Some(BTreeMap::from([
+                    (
+                        PREVIEW_ANNOTATION.to_string(),
+                        "2 of 2 parents previewed".into(),
+                    ),
+                    annotation(format!("{SHARD_REPORT_PREFIX}0"), "{}"),
+                    annotation(format!("{SHARD_REPORT_PREFIX}11"), "{}"),
+                    annotation(format!("{SHARD_REPORT_PREFIX}x"), "{}"),
+                    annotation(format!("{SHARD_PREVIEW_PREFIX}2"), "{\"parents\":1}"),
+                    annotation(format!("{SHARD_DIFF_PREFIX}10"), "b/y:\n"),
+                    annotation(format!("{SHARD_DIFF_PREFIX}2"), "a/x:\n"),
+                ])),
+                ..Default::default()
+            },
+            data: RawExtension(Value::Null),
+            revision: Some(4),
+        };
+        let r = Revision::from_object(&cr);
+        assert_eq!(r.shard_reports.keys().collect::<Vec<_>>(), [&0, &11]);
+        assert_eq!(r.shard_previews[&2], "{\"parents\":1}");
+        let (summary, diff) = r.preview.unwrap();
+        assert_eq!(summary, "2 of 2 parents previewed");
+        assert_eq!(
+            diff, "a/x:\nb/y:\n",
+            "shard 2 before shard 10, not in text order"
+        );
     }
 }

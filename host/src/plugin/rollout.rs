@@ -15,9 +15,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::revision::{Phase, Revision};
+use crate::text::truncate;
 
 /// Annotation: `immediate` (the default), `canary` or `preview`.
 pub const STRATEGY_ANNOTATION: &str = "wasmop.io/rollout";
@@ -247,15 +249,54 @@ pub fn plan(this: &Revision, live: Option<&Revision>, rollout: &Rollout) -> Plan
     Plan::Canary { step }
 }
 
-/// What one canary step has seen so far.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// What one canary step has seen so far, of one controller's parents or, added up
+/// ([`Report::add`]), of every shard's. A sharded host's replicas write their shards' reports
+/// on the candidate's revision as JSON, for the replica that judges the canary.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Report {
+    /// The candidate's weight when it was seen, in percent.
+    pub weight: u8,
     /// Parents the step's weight covers.
     pub share: usize,
     /// Of those, how many the candidate has reconciled at least once.
     pub reconciled: usize,
-    /// Parents whose last reconcile with the candidate failed, with why (`ns/name`, reason).
-    pub failed: Vec<(String, String)>,
+    /// Parents whose last reconcile with the candidate failed.
+    pub failed: usize,
+    /// The first few of those in name order, with why (`ns/name: reason`).
+    pub examples: Vec<String>,
+}
+
+/// Failed parents a [`Report`] names.
+pub const REPORT_EXAMPLES: usize = 3;
+/// Bytes of one example kept: reports of hundreds of shards share one object's annotations.
+const EXAMPLE_BYTES: usize = 160;
+
+impl Report {
+    /// A report at `weight` over `share` parents, of which `reconciled` were reconciled by
+    /// the candidate, and `failed` (`ns/name`, reason, in name order) failed.
+    pub fn new(weight: u8, share: usize, reconciled: usize, failed: &[(String, String)]) -> Self {
+        Report {
+            weight,
+            share,
+            reconciled,
+            failed: failed.len(),
+            examples: failed
+                .iter()
+                .take(REPORT_EXAMPLES)
+                .map(|(parent, why)| truncate(format!("{parent}: {why}"), EXAMPLE_BYTES))
+                .collect(),
+        }
+    }
+
+    /// Adds another controller's (another shard's) parents to these.
+    pub fn add(&mut self, other: &Report) {
+        self.share += other.share;
+        self.reconciled += other.reconciled;
+        self.failed += other.failed;
+        self.examples.extend(other.examples.iter().cloned());
+        self.examples.sort();
+        self.examples.truncate(REPORT_EXAMPLES);
+    }
 }
 
 /// What the candidate's reconciles have shown, kept by the controller.
@@ -269,8 +310,9 @@ pub struct Tally {
     pub failed: BTreeMap<(Option<String>, String), String>,
 }
 
-/// What a previewed candidate would change, over every parent.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// What a previewed candidate would change, over every parent (or, on a sharded host, one
+/// shard's parents: replicas write their shards' reports on the revision as JSON).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PreviewReport {
     /// Parents there are.
     pub parents: usize,
@@ -295,6 +337,30 @@ pub struct PreviewReport {
 }
 
 impl PreviewReport {
+    /// Adds another shard's parents to these; its diffs come after these.
+    pub fn add(&mut self, other: &PreviewReport) {
+        self.parents += other.parents;
+        self.previewed += other.previewed;
+        self.changed += other.changed;
+        self.created += other.created;
+        self.modified += other.modified;
+        self.deleted += other.deleted;
+        self.refused += other.refused;
+        self.status += other.status;
+        self.failed += other.failed;
+        self.diffs.extend(other.diffs.iter().cloned());
+    }
+
+    /// The same counts, with the diffs cut at about `max` bytes into one text (as
+    /// [`PreviewReport::diff`]): what one shard's replica writes on the revision.
+    pub fn cut(&self, max: usize) -> PreviewReport {
+        let diff = self.diff(max);
+        PreviewReport {
+            diffs: if diff.is_empty() { vec![] } else { vec![diff] },
+            ..self.clone()
+        }
+    }
+
     /// One line for kubectl: how far the preview got and what would change.
     pub fn summary(&self) -> String {
         format!(
@@ -343,14 +409,9 @@ pub enum Verdict {
 
 /// Judges step `step` of a canary that has run for `elapsed`, from its `report`.
 pub fn judge(rollout: &Rollout, step: usize, elapsed: Duration, report: &Report) -> Verdict {
-    let failed = report.failed.len();
+    let failed = report.failed;
     if failed > 0 && failed * 100 > report.share * rollout.max_failed_percent as usize {
-        let examples: Vec<String> = report
-            .failed
-            .iter()
-            .take(3)
-            .map(|(parent, why)| format!("{parent}: {why}"))
-            .collect();
+        let examples = &report.examples;
         return Verdict::Abort(format!(
             "{failed} of {} parents failed at step {} ({}%), more than the {}% allowed: {}",
             report.share,
@@ -517,11 +578,7 @@ mod tests {
             step_seconds: 30,
             ..Rollout::default()
         };
-        let half = Report {
-            share: 10,
-            reconciled: 5,
-            failed: vec![],
-        };
+        let half = Report::new(10, 10, 5, &[]);
         let all = Report {
             reconciled: 10,
             ..half.clone()
@@ -531,10 +588,12 @@ mod tests {
         assert_eq!(judge(&r, 0, Duration::from_secs(5), &all), Verdict::Wait);
         assert_eq!(judge(&r, 0, long, &all), Verdict::Next(1));
         assert_eq!(judge(&r, 2, long, &all), Verdict::Promote);
-        let one_failed = Report {
-            failed: vec![("default/mc-3".into(), "InvalidOutput".into())],
-            ..half
-        };
+        let one_failed = Report::new(
+            10,
+            10,
+            5,
+            &[("default/mc-3".into(), "InvalidOutput".into())],
+        );
         assert_eq!(
             judge(&r, 0, Duration::ZERO, &one_failed),
             Verdict::Abort(
@@ -546,5 +605,36 @@ mod tests {
             ..r
         };
         assert_eq!(judge(&tolerant, 0, long, &one_failed), Verdict::Wait);
+    }
+
+    #[test]
+    fn shard_reports_add_up_and_name_the_first_failures() {
+        let a = Report::new(10, 4, 4, &[("b/x".into(), "boom".into())]);
+        let long = "why ".repeat(100);
+        let b = Report::new(
+            10,
+            6,
+            2,
+            &[
+                ("a/y".into(), "bad".into()),
+                ("c/z".into(), long.clone()),
+                ("d/w".into(), "worse".into()),
+                ("e/v".into(), "worst".into()),
+            ],
+        );
+        assert_eq!((b.failed, b.examples.len()), (4, REPORT_EXAMPLES));
+        let mut all = Report {
+            weight: 10,
+            ..Report::default()
+        };
+        all.add(&a);
+        all.add(&b);
+        assert_eq!((all.share, all.reconciled, all.failed), (10, 6, 5));
+        assert_eq!(all.examples[..2], ["a/y: bad", "b/x: boom"]);
+        assert!(all.examples[2].starts_with("c/z: why"));
+        assert!(all.examples[2].len() < long.len(), "a long reason is cut");
+        // As a replica writes it on the revision and the judging replica reads it back.
+        let text = serde_json::to_string(&all).unwrap();
+        assert_eq!(serde_json::from_str::<Report>(&text).unwrap(), all);
     }
 }

@@ -22,7 +22,7 @@
 
 mod staging;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -121,6 +121,25 @@ pub trait Supervise: Send {
     fn route<'a>(&'a mut self, configmap: &'a str, canary: Option<Canary>) -> BoxFuture<'a, ()>;
     /// What the candidate of `configmap` has shown at its current weight.
     fn canary_report(&self, configmap: &str) -> Option<Report>;
+    /// How many shards the parents are split into, on a sharded host.
+    fn shards(&self) -> Option<u32> {
+        None
+    }
+    /// Whether this host judges staged rollouts: always, but on a sharded host, where the
+    /// replica holding the designated shard does and the others follow its revisions.
+    fn judges(&self) -> bool {
+        true
+    }
+    /// What the candidate of `configmap` has shown at its current weight, per shard held
+    /// (a sharded host), by shard index.
+    fn shard_reports(&self, _configmap: &str) -> Vec<(u32, Report)> {
+        Vec::new()
+    }
+    /// What the previewed candidate of `configmap` would change, per shard held (a sharded
+    /// host), by shard index.
+    fn shard_previews(&self, _configmap: &str) -> Vec<(u32, PreviewReport)> {
+        Vec::new()
+    }
     /// What the previewed candidate of `configmap` would change.
     fn preview_report(&self, configmap: &str) -> Option<PreviewReport>;
 }
@@ -168,16 +187,22 @@ struct Candidate {
     started: Timestamp,
     // A preview, not a canary: what was last published of it, and when.
     preview: Option<Published>,
+    // On a sharded host, what this replica last wrote of each shard it holds.
+    shard_reports: BTreeMap<u32, Report>,
 }
 
 /// What of a preview was last written to its revision.
 #[derive(Default)]
 struct Published {
     summary: String,
-    diff: String,
+    diff: Option<String>,
     at: Option<std::time::Instant>,
     // An Event said the preview covers every parent.
     complete: bool,
+    // On a sharded host, what this replica last wrote of each shard it holds (the counts as
+    // JSON, and the diff), and when.
+    shards: BTreeMap<u32, (String, String)>,
+    shards_at: Option<std::time::Instant>,
 }
 
 enum Msg {
@@ -212,9 +237,6 @@ pub struct Registry {
     // The last number given to a slot's source.
     last_seq: u64,
     revisions: Revisions,
-    // Replicas share the parents (sharding): no replica sees them all, so none can judge a
-    // canary or preview; every version goes live at once.
-    unstaged: bool,
 }
 
 impl Registry {
@@ -248,15 +270,7 @@ impl Registry {
             health,
             last_seq: 0,
             revisions: Revisions::new(client_for_revisions, &namespace_for_revisions),
-            unstaged: false,
         }
-    }
-
-    /// Makes every version live at once, whatever its ConfigMap's rollout asks (a sharded
-    /// host: no replica sees every parent to judge a canary by).
-    pub fn unstaged(mut self) -> Self {
-        self.unstaged = true;
-        self
     }
 
     /// The state of every plugin, updated as it changes.
@@ -515,16 +529,7 @@ impl Registry {
             Err(e) => return self.unrecorded(configmap, loaded, kinds, &rollout, e).await,
         };
         let live = all.iter().rev().find(|r| r.phase == Phase::Live).cloned();
-        let mut plan = rollout::plan(&this, live.as_ref(), &rollout);
-        if self.unstaged && matches!(plan, Plan::Canary { .. } | Plan::Preview) {
-            tracing::warn!(
-                configmap,
-                "staged rollouts need one host that sees every parent; this host is sharded, so revision {} goes live at once",
-                this.number
-            );
-            plan = Plan::Run;
-        }
-        match plan {
+        match rollout::plan(&this, live.as_ref(), &rollout) {
             Plan::Run => {
                 self.go_live(configmap, loaded, kinds, this, &all, &rollout, None)
                     .await

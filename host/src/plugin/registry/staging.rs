@@ -3,6 +3,8 @@
 //! steps and end it (promoted or rolled back). Every decision is recorded on the revisions
 //! (see [`crate::plugin::revision`]) before or as it is acted on, so another host carries on.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::jiff::Timestamp;
 
 use super::{Candidate, PREVIEW_PUBLISH, Published, Registry, State};
@@ -11,8 +13,8 @@ use crate::kinds::Kinds;
 use crate::plugin::Loaded;
 use crate::plugin::notice::Notice;
 use crate::plugin::registry::Canary;
-use crate::plugin::revision::{MAX_PREVIEW_DIFF, Mark, Phase, Revision, RevisionError};
-use crate::plugin::rollout::{self, Rollout, Strategy, Verdict};
+use crate::plugin::revision::{MAX_PREVIEW_DIFF, Mark, Phase, Revision, RevisionError, Revisions};
+use crate::plugin::rollout::{self, PreviewReport, Report, Rollout, Strategy, Verdict};
 use crate::plugin::source;
 
 impl Registry {
@@ -197,6 +199,7 @@ impl Registry {
             step,
             started,
             preview: None,
+            shard_reports: BTreeMap::new(),
         });
         slot.state = State::Running;
         if !same_step {
@@ -243,12 +246,15 @@ impl Registry {
             step: 0,
             started: Timestamp::now(),
             preview: Some(Published::default()),
+            shard_reports: BTreeMap::new(),
         });
         self.supervisor.route(configmap, Some(canary)).await;
         let mark = Mark::to(Phase::Candidate, Some(String::new()));
         self.write_marks(configmap, vec![(name, mark)]).await;
         tracing::info!(configmap, "{msg}");
-        self.notify(configmap, Notice::Canary, &msg);
+        if self.supervisor.judges() {
+            self.notify(configmap, Notice::Canary, &msg);
+        }
     }
 
     /// The plugins with a candidate that is previewed (`preview`) or a canary.
@@ -272,12 +278,20 @@ impl Registry {
             if !self.supervisor.is_synced(&configmap) {
                 continue;
             }
-            let Some(report) = self.supervisor.preview_report(&configmap) else {
+            let report = match self.supervisor.shards() {
+                None => self.supervisor.preview_report(&configmap).map(|r| {
+                    let whole = r.previewed >= r.parents;
+                    (r.summary(), Some(r.diff(MAX_PREVIEW_DIFF)), whole)
+                }),
+                Some(count) => self.shared_preview(&configmap, count).await,
+            };
+            let Some((summary, diff, whole)) = report else {
                 continue;
             };
-            let c = self.slots[&configmap].candidate.as_ref().expect("listed");
+            let Some(c) = self.slots[&configmap].candidate.as_ref() else {
+                continue;
+            };
             let published = c.preview.as_ref().expect("listed");
-            let (summary, diff) = (report.summary(), report.diff(MAX_PREVIEW_DIFF));
             let due = published
                 .at
                 .is_none_or(|at| at.elapsed() >= PREVIEW_PUBLISH);
@@ -285,8 +299,12 @@ impl Registry {
                 continue;
             }
             let name = c.revision.name.clone();
-            let complete = report.previewed >= report.parents && !published.complete;
-            if let Err(e) = self.revisions.publish_preview(&name, &summary, &diff).await {
+            let complete = whole && !published.complete;
+            let written = self
+                .revisions
+                .publish_preview(&name, &summary, diff.as_deref())
+                .await;
+            if let Err(e) = written {
                 tracing::warn!(configmap, error = %e, "could not publish the preview");
                 continue;
             }
@@ -307,6 +325,79 @@ impl Registry {
                 self.notify(&configmap, Notice::Previewed, &msg);
             }
         }
+    }
+
+    /// A sharded host's preview of `configmap`: writes what this replica's shards would
+    /// change on the candidate's revision (each shard's diffs cut at its part of
+    /// [`MAX_PREVIEW_DIFF`]), at most every [`PREVIEW_PUBLISH`]; on the replica that judges,
+    /// adds up every shard's counts into the summary, and whether every shard reported and
+    /// every parent was previewed. The diff stays in the shards' annotations.
+    async fn shared_preview(
+        &mut self,
+        configmap: &str,
+        count: u32,
+    ) -> Option<(String, Option<String>, bool)> {
+        let previews = self.supervisor.shard_previews(configmap);
+        let c = self.slots.get(configmap)?.candidate.as_ref()?;
+        let name = c.revision.name.clone();
+        let published = c.preview.as_ref()?;
+        let due = published
+            .shards_at
+            .is_none_or(|at| at.elapsed() >= PREVIEW_PUBLISH);
+        let budget = MAX_PREVIEW_DIFF / count.max(1) as usize;
+        let fresh: Vec<(u32, (String, String))> = previews
+            .into_iter()
+            .filter(|_| due)
+            .map(|(shard, report)| {
+                let diff = report.diff(budget);
+                let counts = PreviewReport {
+                    diffs: Vec::new(),
+                    ..report
+                };
+                let text = serde_json::to_string(&counts).expect("a report serialises");
+                (shard, (text, diff))
+            })
+            .filter(|(shard, written)| published.shards.get(shard) != Some(written))
+            .collect();
+        for (shard, (text, diff)) in fresh {
+            let written = self
+                .revisions
+                .publish_shard_preview(&name, shard, &text, &diff)
+                .await;
+            match written {
+                Ok(()) => {
+                    let c = self.slots.get_mut(configmap)?.candidate.as_mut()?;
+                    let published = c.preview.as_mut()?;
+                    published.shards.insert(shard, (text, diff));
+                    published.shards_at = Some(std::time::Instant::now());
+                }
+                Err(e) => {
+                    tracing::warn!(configmap, shard, error = %e, "could not write the shard's preview")
+                }
+            }
+        }
+        if !self.supervisor.judges() {
+            return None;
+        }
+        let this = current(&self.revisions, configmap, &name).await?;
+        let mut total = PreviewReport::default();
+        let mut reported = 0;
+        for shard in 0..count {
+            let report = this.shard_previews.get(&shard);
+            if let Some(r) = report.and_then(|t| serde_json::from_str::<PreviewReport>(t).ok()) {
+                total.add(&r);
+                reported += 1;
+            }
+        }
+        if reported == 0 {
+            return None;
+        }
+        let mut summary = total.summary();
+        if reported < count {
+            summary.push_str(&format!(" ({reported} of {count} shards reported so far)"));
+        }
+        let whole = reported == count && total.previewed >= total.parents;
+        Some((summary, None, whole))
     }
 
     /// Sends the candidate's weight for `step` to its controller, records it on its revision
@@ -348,6 +439,12 @@ impl Registry {
                 .unwrap_or_default(),
         );
         self.supervisor.route(configmap, Some(canary)).await;
+        tracing::info!(configmap, "{msg}");
+        // On a sharded host the judging replica records and announces each step; the others
+        // follow its revision (see `shared_report`).
+        if !self.supervisor.judges() {
+            return;
+        }
         if !resumed {
             let mark = Mark {
                 step: Some((step, steps, weight, started)),
@@ -355,7 +452,6 @@ impl Registry {
             };
             self.write_marks(configmap, vec![(name, mark)]).await;
         }
-        tracing::info!(configmap, "{msg}");
         self.notify(configmap, Notice::Canary, &msg);
     }
 
@@ -367,10 +463,16 @@ impl Registry {
             if !self.supervisor.is_synced(&configmap) {
                 continue;
             }
-            let Some(report) = self.supervisor.canary_report(&configmap) else {
+            let report = match self.supervisor.shards() {
+                None => self.supervisor.canary_report(&configmap),
+                Some(count) => self.shared_report(&configmap, count).await,
+            };
+            let Some(report) = report else {
                 continue;
             };
-            let c = self.slots[&configmap].candidate.as_ref().expect("listed");
+            let Some(c) = self.slots[&configmap].candidate.as_ref() else {
+                continue;
+            };
             let elapsed = Timestamp::now()
                 .duration_since(c.started)
                 .try_into()
@@ -381,6 +483,108 @@ impl Registry {
                 Verdict::Promote => self.promote(&configmap).await,
                 Verdict::Abort(why) => self.abort(&configmap, None, why).await,
             }
+        }
+    }
+
+    /// A sharded host's canary of `configmap`: writes what this replica's shards showed on the
+    /// candidate's revision, catches up with what the revision says (a step taken, the
+    /// candidate made live or rolled back, by the judging replica), and, on the replica that
+    /// judges, adds up every shard's report at the current weight. `None` while some shard
+    /// has none (its replica has not caught up, or the shard has no holder), and on a replica
+    /// that does not judge.
+    async fn shared_report(&mut self, configmap: &str, count: u32) -> Option<Report> {
+        let reports = self.supervisor.shard_reports(configmap);
+        let c = self.slots.get(configmap)?.candidate.as_ref()?;
+        let (name, weight) = (c.revision.name.clone(), c.rollout.steps[c.step]);
+        let fresh: Vec<(u32, Report)> = reports
+            .into_iter()
+            .filter(|(shard, r)| r.weight == weight && c.shard_reports.get(shard) != Some(r))
+            .collect();
+        for (shard, report) in fresh {
+            let text = serde_json::to_string(&report).expect("a report serialises");
+            match self
+                .revisions
+                .publish_shard_report(&name, shard, &text)
+                .await
+            {
+                Ok(()) => {
+                    if let Some(c) = self.slots.get_mut(configmap)?.candidate.as_mut() {
+                        c.shard_reports.insert(shard, report);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(configmap, shard, error = %e, "could not write the shard's canary report")
+                }
+            }
+        }
+        let this = current(&self.revisions, configmap, &name).await?;
+        if !self.follow(configmap, &this).await || !self.supervisor.judges() {
+            return None;
+        }
+        let c = self.slots.get(configmap)?.candidate.as_ref()?;
+        let weight = c.rollout.steps[c.step];
+        let mut total = Report {
+            weight,
+            ..Report::default()
+        };
+        for shard in 0..count {
+            let report = this
+                .shard_reports
+                .get(&shard)
+                .and_then(|text| serde_json::from_str::<Report>(text).ok())
+                .filter(|r| r.weight == weight)?;
+            total.add(&report);
+        }
+        Some(total)
+    }
+
+    /// Catches up with `this`, the candidate's revision as the judging replica recorded it:
+    /// its step, or its end. `false` once the candidate is no longer a canary here.
+    async fn follow(&mut self, configmap: &str, this: &Revision) -> bool {
+        let Some(c) = self.slots.get(configmap).and_then(|s| s.candidate.as_ref()) else {
+            return false;
+        };
+        match this.phase {
+            Phase::Candidate => {
+                let recorded = this.step.filter(|s| *s < c.rollout.steps.len());
+                if let Some(step) = recorded.filter(|s| *s != c.step) {
+                    let started = this.step_started.unwrap_or_else(Timestamp::now);
+                    self.step(configmap, step, started, true).await;
+                }
+                true
+            }
+            Phase::Live => {
+                let c = self
+                    .slots
+                    .get_mut(configmap)
+                    .and_then(|s| s.candidate.take())
+                    .expect("checked above");
+                let mut loaded = c.loaded;
+                loaded.revision = Some(this.number);
+                tracing::info!(
+                    configmap,
+                    "{} was made live by the replica that judges the canary",
+                    loaded.describe()
+                );
+                self.run_live(configmap, loaded, c.kinds).await;
+                self.supervisor.route(configmap, None).await;
+                false
+            }
+            Phase::Aborted => {
+                let slot = self.slots.get_mut(configmap).expect("checked above");
+                let c = slot.candidate.take().expect("checked above");
+                let msg = format!(
+                    "rolled back {}: {}; revision {} runs again only when promoted (wasmop rollout promote {configmap})",
+                    c.loaded.describe(),
+                    this.note.as_deref().unwrap_or("aborted"),
+                    this.number
+                );
+                tracing::warn!(configmap, "{msg}");
+                slot.state = State::Failed(msg);
+                self.supervisor.route(configmap, None).await;
+                false
+            }
+            Phase::New | Phase::Retired => true,
         }
     }
 
@@ -483,5 +687,16 @@ impl Registry {
         let mark = Mark::to(Phase::Aborted, Some(note));
         self.write_marks(configmap, vec![(c.revision.name, mark)])
             .await;
+    }
+}
+
+/// Revision `name` of `configmap` as the cluster holds it now.
+async fn current(revisions: &Revisions, configmap: &str, name: &str) -> Option<Revision> {
+    match revisions.list(configmap).await {
+        Ok(all) => all.into_iter().find(|r| r.name == name),
+        Err(e) => {
+            tracing::warn!(configmap, error = %e, "could not read the candidate's revision");
+            None
+        }
     }
 }
