@@ -105,6 +105,9 @@ struct Args {
     /// Only the sharding part; nothing else.
     #[arg(long)]
     shards_only: bool,
+    /// Replica counts of the sharding part, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = shards::REPLICAS)]
+    shards_replicas: Vec<usize>,
     /// Only the plugin-call timing (and, without --quick, the optimisation levels); nothing
     /// else, no plane.
     #[arg(long)]
@@ -234,7 +237,7 @@ async fn run(args: Args) -> Result<Report> {
     .await??;
 
     if args.shards_only {
-        let shards = sharding(&art, shards_parents.unwrap_or(3000)).await;
+        let shards = sharding(&art, shards_parents.unwrap_or(3000), &args).await;
         let report = Report {
             shards: Some(shards),
             ..part_report("the sharding part only".into(), started)
@@ -427,7 +430,7 @@ async fn run(args: Args) -> Result<Report> {
     }
 
     let shards = match shards_parents {
-        Some(n) => Some(sharding(&art, n).await),
+        Some(n) => Some(sharding(&art, n, &args).await),
         None => None,
     };
 
@@ -496,18 +499,22 @@ fn part_out(args: &Args, name: &str) -> PathBuf {
         .unwrap_or_else(|| artifacts::bench_dir().join(name))
 }
 
-/// The sharding part: `parents` parents on 1, 2 and 3 replicas, each on a fresh plane; a
-/// failure is noted and kept as its message.
-async fn sharding(art: &artifacts::Artifacts, parents: usize) -> shards::Sharding {
+/// The sharding part: `parents` parents on each of `--shards-replicas` replica counts (1, 2
+/// and 3), each on a fresh plane; a failure is noted and kept as its message.
+async fn sharding(art: &artifacts::Artifacts, parents: usize, args: &Args) -> shards::Sharding {
     let mut runs = Vec::new();
-    for r in shards::REPLICAS {
-        let result = shards::measure(art, parents, r).await;
+    for &r in &args.shards_replicas {
+        let result = shards::measure(art, parents, r, args.concurrency).await;
         if let Err(e) = &result {
             note!("[shards{r}] failed: {e:#}");
         }
         runs.push((r, result.map_err(|e| format!("{e:#}"))));
     }
-    shards::Sharding { parents, runs }
+    shards::Sharding {
+        parents,
+        concurrency: args.concurrency,
+        runs,
+    }
 }
 
 /// Prints the report and writes it to `out`, keeping what follows [`KEPT_FROM`] there.

@@ -699,7 +699,8 @@ fn shards_table(w: &mut String, sharding: &Sharding) {
     let _ = writeln!(
         w,
         "{parents} Memcached parents of size 1 in {} namespaces, R wasmop replicas each run \
-         with `--shards {} --lease-duration-seconds {}` over every namespace, on a fresh plane \
+         with `--shards {} --lease-duration-seconds {} --concurrency {}` over every namespace \
+         (so R replicas reconcile R × {3} parents at once), on a fresh plane \
          per R whose API server shards lists and watches (`ShardedListAndWatch=true`), so each \
          replica lists, watches and caches only its shards' objects. The namespaces are named \
          so that each of the {1} shards has 2 or 3 of them, and the parents are dealt evenly \
@@ -708,6 +709,7 @@ fn shards_table(w: &mut String, sharding: &Sharding) {
         shards::NAMESPACES,
         shards::SHARDS,
         shards::LEASE_SECONDS,
+        sharding.concurrency,
         parents / shards::SHARDS as usize,
     );
     let ok: Vec<(usize, &ShardRun)> = runs
@@ -805,10 +807,29 @@ fn shards_table(w: &mut String, sharding: &Sharding) {
         w,
         "writes per parent, all replicas",
         figure(
-            &|run| run.replicas.iter().map(|r| r.writes).sum::<f64>() / run.parents.max(1) as f64,
+            &|run| {
+                run.replicas.iter().map(|r| r.all_writes()).sum::<f64>() / run.parents.max(1) as f64
+            },
             2,
         ),
     );
+    for resource in ["deployments", "memcacheds/status", "events"] {
+        line(
+            w,
+            &format!("… of which `{resource}`"),
+            figure(
+                &|run| {
+                    let sent: f64 = run
+                        .replicas
+                        .iter()
+                        .filter_map(|r| r.writes.get(resource))
+                        .sum();
+                    sent / run.parents.max(1) as f64
+                },
+                2,
+            ),
+        );
+    }
     line(
         w,
         "shards shared evenly after the last replica started (s)",

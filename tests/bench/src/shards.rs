@@ -53,8 +53,16 @@ pub struct Replica {
     pub at_start: Usage,
     /// At convergence + [`SETTLE`].
     pub at_converged: Usage,
-    /// Writes it sent from the first create on (`wasmop_api_writes_total{result="sent"}`).
-    pub writes: f64,
+    /// Writes it sent from the first create on (`wasmop_api_writes_total{result="sent"}`),
+    /// by resource (`deployments`, `memcacheds/status`, `events` …).
+    pub writes: BTreeMap<String, f64>,
+}
+
+impl Replica {
+    /// Every write it sent from the first create on.
+    pub fn all_writes(&self) -> f64 {
+        self.writes.values().sum()
+    }
 }
 
 /// A replica SIGKILLed, and its shards taken over.
@@ -92,18 +100,26 @@ pub struct ShardRun {
 pub struct Sharding {
     /// Parents.
     pub parents: usize,
+    /// Each replica's `--concurrency`.
+    pub concurrency: usize,
     /// Per replica count, in [`REPLICAS`] order.
     pub runs: Vec<(usize, Result<ShardRun, String>)>,
 }
 
-/// Runs `replicas` replicas over `parents` parents on a fresh plane, stopped afterwards.
-pub async fn measure(art: &Artifacts, parents: usize, replicas: usize) -> Result<ShardRun> {
+/// Runs `replicas` replicas, each reconciling `concurrency` parents at once, over `parents`
+/// parents on a fresh plane, stopped afterwards.
+pub async fn measure(
+    art: &Artifacts,
+    parents: usize,
+    replicas: usize,
+    concurrency: usize,
+) -> Result<ShardRun> {
     let tag = format!("shards{replicas}");
     note!("[{tag}] {replicas} replica(s): starting a control plane with sharded watches");
     let env = TestEnv::start_with_feature_gates(&["ShardedListAndWatch=true"])
         .await
         .context("starting the control plane with ShardedListAndWatch")?;
-    let result = run(art, &env, parents, replicas, &tag).await;
+    let result = run(art, &env, parents, replicas, concurrency, &tag).await;
     if let Err(e) = env.stop().await {
         note!("[{tag}] stopping the control plane: {e}");
     }
@@ -115,6 +131,7 @@ async fn run(
     env: &TestEnv,
     n: usize,
     replicas: usize,
+    concurrency: usize,
     tag: &str,
 ) -> Result<ShardRun> {
     let client = env.client().await?;
@@ -131,7 +148,7 @@ async fn run(
     contestants::put_plugin(&client, "memcached", &art.memcached).await?;
 
     let settings = Settings {
-        concurrency: 4,
+        concurrency,
         resync: Duration::from_secs(10),
         limits: None,
     };
@@ -198,7 +215,14 @@ async fn run(
             cached,
             at_start: at_start[i],
             at_converged: p.usage()?,
-            writes: writes_sent(addr).await? - writes_before[i],
+            writes: writes_sent(addr)
+                .await?
+                .into_iter()
+                .map(|(resource, n)| {
+                    let before = writes_before[i].get(&resource).copied().unwrap_or(0.0);
+                    (resource, n - before)
+                })
+                .collect(),
         });
     }
     let failover = if replicas == 3 {
@@ -355,15 +379,24 @@ async fn shard_holders(client: &Client) -> Result<BTreeMap<u32, String>> {
         .collect())
 }
 
-/// The writes the host at `addr` has sent (`wasmop_api_writes_total{result="sent"}`).
-async fn writes_sent(addr: &str) -> Result<f64> {
+/// The writes the host at `addr` has sent (`wasmop_api_writes_total{result="sent"}`), by
+/// resource.
+async fn writes_sent(addr: &str) -> Result<BTreeMap<String, f64>> {
     let text = contestants::metric_text(addr).await?;
-    let sent: String = text
-        .lines()
-        .filter(|l| l.contains("result=\"sent\""))
-        .collect::<Vec<_>>()
-        .join("\n");
-    Ok(contestants::counter_sum(&sent, "wasmop_api_writes_total{"))
+    let mut by = BTreeMap::new();
+    for line in text.lines() {
+        if !line.starts_with("wasmop_api_writes_total{") || !line.contains("result=\"sent\"") {
+            continue;
+        }
+        let resource = line
+            .split("resource=\"")
+            .nth(1)
+            .and_then(|r| r.split('"').next())
+            .unwrap_or("other");
+        let n = contestants::counter_sum(line, "wasmop_api_writes_total{");
+        *by.entry(resource.to_owned()).or_insert(0.0) += n;
+    }
+    Ok(by)
 }
 
 /// [`NAMESPACES`] names by shard, 2 or 3 in each of the [`SHARDS`]. FNV-1a barely moves its
