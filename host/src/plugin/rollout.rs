@@ -288,12 +288,15 @@ impl Report {
         }
     }
 
-    /// Adds another controller's (another shard's) parents to these.
+    /// Adds another controller's (another shard's) parents to these. A shard's report is read
+    /// back from an annotation, so its counts saturate and its examples are cut again.
     pub fn add(&mut self, other: &Report) {
-        self.share += other.share;
-        self.reconciled += other.reconciled;
-        self.failed += other.failed;
-        self.examples.extend(other.examples.iter().cloned());
+        self.share = self.share.saturating_add(other.share);
+        self.reconciled = self.reconciled.saturating_add(other.reconciled);
+        self.failed = self.failed.saturating_add(other.failed);
+        let examples = other.examples.iter().take(REPORT_EXAMPLES);
+        self.examples
+            .extend(examples.map(|e| truncate(e.clone(), EXAMPLE_BYTES)));
         self.examples.sort();
         self.examples.truncate(REPORT_EXAMPLES);
     }
@@ -337,17 +340,22 @@ pub struct PreviewReport {
 }
 
 impl PreviewReport {
-    /// Adds another shard's parents to these; its diffs come after these.
+    /// Adds another shard's parents to these (counts saturate: a shard's report is read back
+    /// from an annotation); its diffs come after these.
     pub fn add(&mut self, other: &PreviewReport) {
-        self.parents += other.parents;
-        self.previewed += other.previewed;
-        self.changed += other.changed;
-        self.created += other.created;
-        self.modified += other.modified;
-        self.deleted += other.deleted;
-        self.refused += other.refused;
-        self.status += other.status;
-        self.failed += other.failed;
+        for (mine, theirs) in [
+            (&mut self.parents, other.parents),
+            (&mut self.previewed, other.previewed),
+            (&mut self.changed, other.changed),
+            (&mut self.created, other.created),
+            (&mut self.modified, other.modified),
+            (&mut self.deleted, other.deleted),
+            (&mut self.refused, other.refused),
+            (&mut self.status, other.status),
+            (&mut self.failed, other.failed),
+        ] {
+            *mine = mine.saturating_add(theirs);
+        }
         self.diffs.extend(other.diffs.iter().cloned());
     }
 
@@ -410,7 +418,10 @@ pub enum Verdict {
 /// Judges step `step` of a canary that has run for `elapsed`, from its `report`.
 pub fn judge(rollout: &Rollout, step: usize, elapsed: Duration, report: &Report) -> Verdict {
     let failed = report.failed;
-    if failed > 0 && failed * 100 > report.share * rollout.max_failed_percent as usize {
+    let allowed = report
+        .share
+        .saturating_mul(rollout.max_failed_percent as usize);
+    if failed > 0 && failed.saturating_mul(100) > allowed {
         let examples = &report.examples;
         return Verdict::Abort(format!(
             "{failed} of {} parents failed at step {} ({}%), more than the {}% allowed: {}",
@@ -636,5 +647,28 @@ mod tests {
         // As a replica writes it on the revision and the judging replica reads it back.
         let text = serde_json::to_string(&all).unwrap();
         assert_eq!(serde_json::from_str::<Report>(&text).unwrap(), all);
+        // A report written by anyone else with rights on the revision cannot overflow a sum.
+        let forged = Report {
+            share: usize::MAX,
+            failed: usize::MAX,
+            examples: vec!["x".repeat(10_000); 50],
+            ..Report::default()
+        };
+        all.add(&forged);
+        assert_eq!((all.share, all.failed), (usize::MAX, usize::MAX));
+        assert!(
+            all.examples
+                .iter()
+                .all(|e| e.len() <= EXAMPLE_BYTES + '…'.len_utf8())
+        );
+        let r = Rollout {
+            max_failed_percent: 100,
+            ..Rollout::default()
+        };
+        assert_eq!(
+            judge(&r, 0, Duration::ZERO, &all),
+            Verdict::Wait,
+            "100% may fail, and the sums saturate instead of wrapping"
+        );
     }
 }
