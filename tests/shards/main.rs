@@ -9,7 +9,7 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -316,6 +316,17 @@ fn most_in_flight(addrs: Vec<String>) -> (Arc<AtomicBool>, tokio::task::JoinHand
     (done, task)
 }
 
+/// A plane of this test's own whose API server shards lists and watches, a client of it and
+/// its kubeconfig.
+async fn sharded_plane() -> (testenv::TestEnv, Client, PathBuf) {
+    let plane = testenv::TestEnv::start_with_feature_gates(&["ShardedListAndWatch=true"])
+        .await
+        .expect("a control plane with sharded watches");
+    let client = plane.client().await.expect("client");
+    let kubeconfig = plane.kubeconfig_path().to_path_buf();
+    (plane, client, kubeconfig)
+}
+
 /// Sends `kill <sig>` to the host.
 fn signal(host: &Host, sig: &str) {
     let status = std::process::Command::new("kill")
@@ -403,11 +414,7 @@ async fn server_shards_as_the_host_does(client: &Client, parents: &[(String, Str
 
 #[tokio::test(flavor = "multi_thread")]
 async fn three_replicas_share_the_parents_and_take_over_a_dead_ones_shards() {
-    let plane = testenv::TestEnv::start_with_feature_gates(&["ShardedListAndWatch=true"])
-        .await
-        .expect("a plane with sharded watches");
-    let client = plane.client().await.expect("client");
-    let kubeconfig = plane.kubeconfig_path().to_path_buf();
+    let (plane, client, kubeconfig) = sharded_plane().await;
     let world = World::new(client.clone(), "sh", 30).await;
 
     let args = ["--shards", "3", "--lease-duration-seconds", LEASE_SECONDS];
@@ -914,11 +921,7 @@ async fn phases(world: &World) -> Vec<(i64, Phase)> {
 /// parents and writes nothing.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_canary_and_a_preview_span_every_replicas_shards() {
-    let plane = testenv::TestEnv::start_with_feature_gates(&["ShardedListAndWatch=true"])
-        .await
-        .expect("a control plane with sharded watches");
-    let client = plane.client().await.expect("client");
-    let kubeconfig = plane.kubeconfig_path().to_path_buf();
+    let (plane, client, kubeconfig) = sharded_plane().await;
     let world = World::new(client.clone(), "cy", 12).await;
     let (v1, v2) = (
         test_artifacts::read(test_artifacts::MEMCACHED),
@@ -1104,4 +1107,5 @@ async fn a_canary_and_a_preview_span_every_replicas_shards() {
         .count();
     assert_eq!(with_service, parents.len(), "every parent has v2's Service");
     assert!(survivor.terminate().success());
+    plane.stop().await.expect("the plane stops");
 }
