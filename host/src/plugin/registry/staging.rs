@@ -337,17 +337,20 @@ impl Registry {
         configmap: &str,
         count: u32,
     ) -> Option<(String, Option<String>, bool)> {
-        let previews = self.supervisor.shard_previews(configmap);
         let c = self.slots.get(configmap)?.candidate.as_ref()?;
         let name = c.revision.name.clone();
         let published = c.preview.as_ref()?;
         let due = published
             .shards_at
             .is_none_or(|at| at.elapsed() >= PREVIEW_PUBLISH);
+        // Every parent's diff is assembled for a report: only when one may be written.
+        let previews = match due {
+            true => self.supervisor.shard_previews(configmap),
+            false => Vec::new(),
+        };
         let budget = MAX_PREVIEW_DIFF / count.max(1) as usize;
         let fresh: Vec<(u32, (String, String))> = previews
             .into_iter()
-            .filter(|_| due)
             .map(|(shard, report)| {
                 let diff = report.diff(budget);
                 let counts = PreviewReport {
