@@ -731,9 +731,9 @@ fn fake_node() -> Node {
             "annotations": { "kwok.x-k8s.io/node": "fake" },
         },
         "status": {
-            // Room for load tests: thousands of pods without resource requests.
-            "capacity": { "cpu": "1000", "memory": "1Ti", "pods": "10000" },
-            "allocatable": { "cpu": "1000", "memory": "1Ti", "pods": "10000" },
+            // Room for load tests: tens of thousands of pods without resource requests.
+            "capacity": { "cpu": "1000", "memory": "1Ti", "pods": "100000" },
+            "allocatable": { "cpu": "1000", "memory": "1Ti", "pods": "100000" },
         },
     }))
     .expect("a valid Node")
