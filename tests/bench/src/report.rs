@@ -759,6 +759,16 @@ fn shards_table(w: &mut String, sharding: &Sharding) {
     );
     line(
         w,
+        "objects cached (every kind), per replica",
+        each(&|r| r.cached_all.to_string()),
+    );
+    line(
+        w,
+        "cache's own bytes, per replica (MiB)",
+        each(&|r| format!("{:.1}", r.cache_bytes / 1048576.0)),
+    );
+    line(
+        w,
         "every Deployment exists (s)",
         figure(&|run| secs(run.convergence.deployments_exist), 1),
     );

@@ -49,6 +49,9 @@ pub struct Replica {
     pub shards: usize,
     /// Memcached objects in its cache (`wasmop_cache_objects`).
     pub cached: usize,
+    /// Objects of every kind in its cache, and their own bytes (`wasmop_cache_bytes`).
+    pub cached_all: usize,
+    pub cache_bytes: f64,
     /// Just before the first create.
     pub at_start: Usage,
     /// At convergence + [`SETTLE`].
@@ -203,8 +206,8 @@ async fn run(
     let mut measured = Vec::new();
     for (i, (p, addr)) in procs.iter_mut().zip(&metrics).enumerate() {
         p.check_alive()?;
-        let cached = contestants::cache_stats(addr)
-            .await?
+        let stats = contestants::cache_stats(addr).await?;
+        let cached = stats
             .iter()
             .filter(|(k, _, _)| k.starts_with("Memcached."))
             .map(|(_, objects, _)| objects)
@@ -213,6 +216,8 @@ async fn run(
             pod: pods[i].clone(),
             shards: holders.values().filter(|h| **h == pods[i]).count(),
             cached,
+            cached_all: stats.iter().map(|(_, objects, _)| objects).sum(),
+            cache_bytes: stats.iter().map(|(_, _, bytes)| bytes).sum(),
             at_start: at_start[i],
             at_converged: p.usage()?,
             writes: writes_sent(addr)
