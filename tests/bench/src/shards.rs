@@ -49,8 +49,9 @@ pub struct Replica {
     pub shards: usize,
     /// Memcached objects in its cache (`wasmop_cache_objects`).
     pub cached: usize,
-    /// Objects of every kind in its cache, and their own bytes (`wasmop_cache_bytes`).
+    /// Objects of every kind in its cache.
     pub cached_all: usize,
+    /// Those objects' own bytes (`wasmop_cache_bytes`), not the indexes.
     pub cache_bytes: f64,
     /// Just before the first create.
     pub at_start: Usage,
