@@ -344,9 +344,10 @@ impl Registry {
             .shards_at
             .is_none_or(|at| at.elapsed() >= PREVIEW_PUBLISH);
         // Every parent's diff is assembled for a report: only when one may be written.
-        let previews = match due {
-            true => self.supervisor.shard_previews(configmap),
-            false => Vec::new(),
+        let previews = if due {
+            self.supervisor.shard_previews(configmap)
+        } else {
+            Vec::new()
         };
         let budget = MAX_PREVIEW_DIFF / count.max(1) as usize;
         let fresh: Vec<(u32, (String, String))> = previews
