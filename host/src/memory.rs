@@ -107,16 +107,18 @@ pub fn give_back_freed_memory() {
 pub fn release_code_pages() -> u64 {
     let (Ok(exe), Ok(smaps)) = (
         std::fs::read_link("/proc/self/exe"),
-        std::fs::read_to_string("/proc/self/smaps"),
+        std::fs::File::open("/proc/self/smaps"),
     ) else {
         return 0;
     };
     let exe = exe.to_string_lossy();
     // Read afresh each time, not once: a debugger or a uprobe gives a code page a private
-    // copy, and that mapping must then be left alone.
-    mappings(&smaps)
+    // copy, and that mapping must then be left alone. Streamed, not read whole: a host's
+    // smaps runs to megabytes (thousands of mappings), and reading it all would raise the
+    // peak RSS by as much on every release, at the moment the most code is resident.
+    mappings(std::io::BufReader::new(smaps), |path| path == exe)
         .into_iter()
-        .filter(|m| m.path == exe && m.is_clean())
+        .filter(|m| m.is_clean())
         .filter(|m| unmap(m.start, m.end))
         .map(|m| m.resident)
         .sum()
@@ -124,17 +126,16 @@ pub fn release_code_pages() -> u64 {
 
 /// One mapping of `/proc/<pid>/smaps`, with the fields read here.
 #[derive(Default)]
-struct Mapping<'a> {
+struct Mapping {
     start: usize,
     end: usize,
-    perms: &'a str,
-    path: &'a str,
+    perms: String,
     resident: u64,
     /// Bytes of pages of its own (written, so no longer the file's); `None` if not listed.
     anonymous: Option<u64>,
 }
 
-impl Mapping<'_> {
+impl Mapping {
     /// Not writable and holding no page of its own: what the kernel maps back from the file is
     /// what it holds. The relocated data (RELRO) is read-only too, but written once at
     /// start-up, so it never qualifies.
@@ -143,10 +144,20 @@ impl Mapping<'_> {
     }
 }
 
-/// Every mapping listed in `smaps`, in its order.
-fn mappings(smaps: &str) -> Vec<Mapping<'_>> {
+/// The mappings listed in `smaps` whose path `keep` accepts, in their order, read a line at
+/// a time; a read error ends the list.
+fn mappings(mut smaps: impl std::io::BufRead, keep: impl Fn(&str) -> bool) -> Vec<Mapping> {
     let mut found: Vec<Mapping> = Vec::new();
-    for line in smaps.lines() {
+    // Whether the last header read was kept: its field lines belong to `found.last()`.
+    let mut keeping = false;
+    let mut line = String::new();
+    loop {
+        line.clear();
+        match smaps.read_line(&mut line) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        let line = line.trim_end();
         if let Some((range, rest)) = line.split_once(' ')
             && let Some((start, end)) = range.split_once('-')
             && let (Ok(start), Ok(end)) = (
@@ -155,16 +166,20 @@ fn mappings(smaps: &str) -> Vec<Mapping<'_>> {
             )
         {
             let mut fields = rest.split_whitespace();
-            found.push(Mapping {
-                start,
-                end,
-                perms: fields.next().unwrap_or(""),
-                path: fields.nth(3).unwrap_or(""),
-                ..Mapping::default()
-            });
+            let perms = fields.next().unwrap_or("");
+            let path = fields.nth(3).unwrap_or("");
+            keeping = keep(path);
+            if keeping {
+                found.push(Mapping {
+                    start,
+                    end,
+                    perms: perms.to_owned(),
+                    ..Mapping::default()
+                });
+            }
             continue;
         }
-        let Some(current) = found.last_mut() else {
+        let Some(current) = found.last_mut().filter(|_| keeping) else {
             continue;
         };
         let bytes = |value: &str| {
@@ -224,7 +239,7 @@ Anonymous:           100 kB
 
     #[test]
     fn only_read_only_mappings_without_pages_of_their_own_are_clean() {
-        let clean: Vec<(usize, u64)> = mappings(SMAPS)
+        let clean: Vec<(usize, u64)> = mappings(SMAPS.as_bytes(), |_| true)
             .iter()
             .filter(|m| m.is_clean())
             .map(|m| (m.start, m.resident))
@@ -232,10 +247,22 @@ Anonymous:           100 kB
         // Not the relocated data, the writable data, anonymous memory, nor a mapping whose
         // `Anonymous:` line is missing.
         assert_eq!(clean, vec![(0x5625, 2288 * 1024), (0x5626, 3052 * 1024)]);
-        let all = mappings(SMAPS);
+        let all = mappings(SMAPS.as_bytes(), |_| true);
         assert_eq!(all.len(), 6);
-        assert_eq!((all[1].perms, all[1].path), ("r-xp", "/opt/wasmop"));
-        assert_eq!((all[5].path, all[5].anonymous), ("", Some(100 * 1024)));
+        assert_eq!((all[1].start, &*all[1].perms), (0x5626, "r-xp"));
+        assert_eq!((all[5].start, all[5].anonymous), (0x7f01, Some(100 * 1024)));
+    }
+
+    #[test]
+    fn mappings_not_kept_lend_their_fields_to_none() {
+        // The anonymous mapping's `Rss:` must not land on the binary's mapping before it.
+        let ours = mappings(SMAPS.as_bytes(), |path| path == "/opt/wasmop");
+        assert_eq!(ours.len(), 5);
+        assert_eq!(
+            (ours[4].start, ours[4].resident, ours[4].anonymous),
+            (0x562a, 8 * 1024, None)
+        );
+        assert!(mappings(SMAPS.as_bytes(), |_| false).is_empty());
     }
 
     /// This test binary's resident bytes in clean mappings, and its relocated data's own
@@ -243,11 +270,9 @@ Anonymous:           100 kB
     #[cfg(target_os = "linux")]
     fn resident() -> (u64, u64) {
         let exe = std::fs::read_link("/proc/self/exe").unwrap();
-        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
-        let ours: Vec<Mapping> = mappings(&smaps)
-            .into_iter()
-            .filter(|m| m.path == exe.to_string_lossy())
-            .collect();
+        let smaps = std::fs::File::open("/proc/self/smaps").unwrap();
+        let exe = exe.to_string_lossy();
+        let ours = mappings(std::io::BufReader::new(smaps), |path| path == exe);
         let clean = ours.iter().filter(|m| m.is_clean()).map(|m| m.resident);
         let relocated = ours
             .iter()
