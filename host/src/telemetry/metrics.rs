@@ -131,7 +131,7 @@ pub struct Metrics {
     pub workqueue_depth: Family<PluginLabels, Gauge>,
     /// Reconciles running now, per plugin.
     pub reconciles_in_flight: Family<PluginLabels, Gauge>,
-    /// Writes to the API server, sent or refused by the fence.
+    /// Writes to the API server (not the host's own Leases), sent, failed or refused by the fence.
     pub api_writes: Family<WriteLabels, Counter>,
     /// Objects in each shared watch's cache.
     pub cache_objects: Family<CacheLabels, Gauge>,
@@ -226,7 +226,7 @@ impl Metrics {
         );
         r.register(
             "api_writes",
-            "Writes to the API server: sent (answered), failed (no answer), or refused because the leader's or the shard's Lease is not held",
+            "Writes to the API server, but those of the host's own Leases: sent (answered), failed (no answer), or refused because the leader's or the shard's Lease is not held",
             m.api_writes.clone(),
         );
         r.register(
