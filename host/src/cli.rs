@@ -221,7 +221,8 @@ pub struct RunArgs {
     /// Name of the leader-election Lease.
     #[arg(long, default_value = config::LEASE_NAME)]
     pub lease_name: String,
-    /// How long a leader's (or a shard's) Lease is valid without renewal, in seconds.
+    /// How long a leader's (or a shard's) Lease is valid without renewal, in seconds (with
+    /// `--shards`, at least 6).
     #[arg(long, default_value_t = config::LEASE_DURATION_SECONDS)]
     pub lease_duration_seconds: u64,
     /// How long before the Lease expires the leader renews it, in seconds (the leader renews
@@ -230,7 +231,8 @@ pub struct RunArgs {
     pub lease_renew_grace_seconds: u64,
     /// Share the parents with the other replicas: cut namespaces into this many shards (by
     /// hash), each held by one replica through a Lease of its own (`wasmop-shard-<i>-of-<n>`);
-    /// every replica must be given the same number. Not with `--leader-elect`.
+    /// give every replica the same number (replicas of another count, during a rolling update
+    /// that changes it, take no shard until the old ones are gone). Not with `--leader-elect`.
     #[arg(long, conflicts_with = "leader_elect", value_parser = clap::value_parser!(u32).range(1..=crate::shard::MAX_SHARDS as i64))]
     pub shards: Option<u32>,
     /// Prefix of the shard Leases' names.

@@ -209,6 +209,13 @@ impl Host {
                     sharding.shards,
                     crate::shard::MAX_SHARDS
                 );
+                anyhow::ensure!(
+                    sharding.duration >= crate::shard::keeper::MIN_DURATION,
+                    "shard Leases of {}s are too short: at least {}s, so that a renewal every {}s survives a late tick and a retry",
+                    sharding.duration.as_secs(),
+                    crate::shard::keeper::MIN_DURATION.as_secs(),
+                    crate::shard::keeper::TICK.as_secs()
+                );
                 let (keeper, held) = Keeper::new(
                     client.clone(),
                     &config.namespace,
@@ -504,4 +511,31 @@ fn forward_readiness(mut from: watch::Receiver<bool>, to: watch::Sender<bool>) {
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn shard_leases_shorter_than_three_ticks_are_refused() {
+        // Refused before any request: nothing listens there.
+        let client = Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
+            .expect("a client");
+        let config = HostConfig {
+            sharding: Some(Sharding {
+                shards: 3,
+                lease_prefix: "wasmop-shard".into(),
+                duration: std::time::Duration::from_secs(5),
+            }),
+            ..HostConfig::default()
+        };
+        let error = Host::new(client, config).await.err().expect("refused");
+        assert!(
+            error
+                .to_string()
+                .contains("Leases of 5s are too short: at least 6s"),
+            "{error:#}"
+        );
+    }
 }

@@ -62,7 +62,7 @@ pub fn host_config(args: RunArgs) -> HostConfig {
         sharding: args.shards.map(|shards| Sharding {
             shards,
             lease_prefix: args.shard_lease_prefix.clone(),
-            duration: Duration::from_secs(args.lease_duration_seconds.max(2)),
+            duration: Duration::from_secs(args.lease_duration_seconds),
         }),
         leader_election: args.leader_elect.then_some(LeaderElection {
             lease_name: args.lease_name,

@@ -8,15 +8,20 @@
 //! replica watched it (not by the writer's clock), is expired. With `m` live members each
 //! replica holds `ceil(shards / m)` at most: a replica under that takes free or expired
 //! shards, a few per tick; one over it, or the most loaded one while another holds less than
-//! `floor(shards / m)`, gives one back per tick. So replicas joining or leaving move whole
-//! shards, a few at a time.
+//! `floor(shards / m)`, gives one back per tick, and leaves it for another replica to take for
+//! a Lease's duration. So replicas joining or leaving move whole shards, a few at a time.
+//!
+//! Replicas run with another `--shards` (a rolling update that changes it) cut the same
+//! namespaces differently, so their Leases cannot keep the two counts apart: while any Lease
+//! of another count is live, a replica takes nothing, and of two counts both holding shards
+//! the smaller gives all of its back. The old replicas keep serving until the last one leaves.
 //!
 //! Each held shard has its own [`Fence`]: it opens on the renewal that acquired the Lease and
 //! shuts the moment the Lease is lost or stops being renewed in time, as the leader's does.
 //! Giving a shard back shuts its fence first and releases the Lease one tick later, so no
 //! write of this replica can land after another takes it over.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::future::Future;
 use std::time::Duration;
 
@@ -41,6 +46,12 @@ const TAKE_PER_TICK: usize = 4;
 pub const GROUP_LABEL: &str = "wasmop.io/shard-group";
 /// Label: `shard` or `member`.
 pub const ROLE_LABEL: &str = "wasmop.io/shard-role";
+/// Label: the count of shards the replica was started with (`--shards`).
+pub const COUNT_LABEL: &str = "wasmop.io/shard-count";
+
+/// The shortest Lease duration a sharded replica accepts: renewed every tick, a Lease must
+/// outlive a late tick and a retry.
+pub const MIN_DURATION: Duration = Duration::from_secs(3 * TICK.as_secs());
 
 /// The shards this replica holds now, each with the fence its writes pass.
 pub type Held = BTreeMap<Shard, Fence>;
@@ -52,7 +63,7 @@ pub struct Sharding {
     pub shards: u32,
     /// Prefix of the Lease names: `<prefix>-<i>-of-<n>` and `<prefix>-member-<identity>`.
     pub lease_prefix: String,
-    /// How long a Lease is valid without renewal.
+    /// How long a Lease is valid without renewal; at least [`MIN_DURATION`].
     pub duration: Duration,
 }
 
@@ -70,6 +81,12 @@ pub struct Keeper {
     seen: HashMap<String, (String, Instant)>,
     // A shard given back: its fence is shut; its Lease is released on the next tick.
     releasing: Vec<Lease>,
+    // Shards given back, and when: left to the others for a Lease's duration.
+    given_back: HashMap<Shard, Instant>,
+    // The other count whose live Leases keep this replica from taking shards, once logged.
+    waiting_for: Option<u32>,
+    // Shard Leases found under a name of this group but without its label, once logged.
+    strangers: HashSet<String>,
     // This replica's member Lease as last written, renewed without reading it first.
     member: Option<Lease>,
     // When the member Lease was last renewed.
@@ -78,13 +95,25 @@ pub struct Keeper {
 }
 
 /// What one listing showed.
+#[derive(Default)]
 struct View {
-    // Live members, this replica included.
+    // Live members run with this replica's count, this replica included.
     members: Vec<String>,
     // Holder of each shard whose Lease is live.
     holders: BTreeMap<Shard, String>,
+    // Counts other than this replica's with a live shard Lease.
+    other_counts: BTreeSet<u32>,
     // Shard Leases by name.
     leases: HashMap<String, Lease>,
+}
+
+/// What a replica does with its shards on one tick ([`plan`]).
+#[derive(Debug, PartialEq, Eq)]
+enum Plan {
+    Keep,
+    /// Give back this many of the shards held.
+    GiveBack(usize),
+    Take(Vec<Shard>),
 }
 
 impl Keeper {
@@ -106,6 +135,9 @@ impl Keeper {
             tx,
             seen: HashMap::new(),
             releasing: Vec::new(),
+            given_back: HashMap::new(),
+            waiting_for: None,
+            strangers: HashSet::new(),
             member: None,
             member_renewed: None,
             ticks: 0,
@@ -143,6 +175,8 @@ impl Keeper {
             Ok(view) => view,
             Err(e) => {
                 tracing::warn!(error = %crate::text::chain(&e), "listing shard Leases failed; holding what is held");
+                // Shards lost while renewing stop now, not after the next good listing.
+                self.publish();
                 return;
             }
         };
@@ -188,6 +222,7 @@ impl Keeper {
                 labels: Some(BTreeMap::from([
                     (GROUP_LABEL.into(), self.sharding.lease_prefix.clone()),
                     (ROLE_LABEL.into(), role.into()),
+                    (COUNT_LABEL.into(), self.sharding.shards.to_string()),
                 ])),
                 ..Default::default()
             },
@@ -290,9 +325,9 @@ impl Keeper {
         let mut seen = HashMap::new();
         let mut view = View {
             members: vec![self.identity.clone()],
-            holders: BTreeMap::new(),
-            leases: HashMap::new(),
+            ..View::default()
         };
+        let count = self.sharding.shards;
         for lease in list.items {
             let name = lease.name_any();
             let version = lease.resource_version().unwrap_or_default();
@@ -306,14 +341,21 @@ impl Keeper {
             let role = lease.labels().get(ROLE_LABEL).map(String::as_str);
             match (role, who) {
                 (Some("member"), Some(who)) if live && who != self.identity => {
-                    view.members.push(who)
+                    // A member of a host version that did not label its count shares ours.
+                    let theirs = lease.labels().get(COUNT_LABEL);
+                    if theirs.is_none_or(|c| c.parse() == Ok(count)) {
+                        view.members.push(who)
+                    }
                 }
                 (Some("shard"), Some(who)) if live => {
-                    // Leases of a group run with another count are not this keeper's.
-                    if let Some(shard) = Shard::from_lease_name(&self.sharding.lease_prefix, &name)
-                        .filter(|s| s.count() as usize == self.shards.len())
-                    {
-                        view.holders.insert(shard, who);
+                    match Shard::from_lease_name(&self.sharding.lease_prefix, &name) {
+                        Some(shard) if shard.count() == count => {
+                            view.holders.insert(shard, who);
+                        }
+                        Some(shard) => {
+                            view.other_counts.insert(shard.count());
+                        }
+                        None => {}
                     }
                 }
                 _ => {}
@@ -326,52 +368,46 @@ impl Keeper {
         Ok(view)
     }
 
+    /// How long `lease` stays live unrenewed: what it says, but never shorter than this
+    /// replica's own duration, so that whoever can write a Lease cannot cut a holder's short.
     fn duration_of(&self, lease: &Lease) -> Duration {
-        lease
-            .spec
-            .as_ref()
-            .and_then(|s| s.lease_duration_seconds)
-            .map_or(self.sharding.duration, |s| {
-                Duration::from_secs(s.max(1) as u64)
-            })
+        let stated = lease.spec.as_ref().and_then(|s| s.lease_duration_seconds);
+        let stated = Duration::from_secs(stated.unwrap_or(0).max(0) as u64);
+        stated.max(self.sharding.duration)
     }
 
     async fn balance(&mut self, view: &View) {
-        let mut counts: BTreeMap<&str, usize> =
-            view.members.iter().map(|m| (m.as_str(), 0)).collect();
-        for holder in view.holders.values() {
-            if let Some(n) = counts.get_mut(holder.as_str()) {
-                *n += 1;
+        let now = Instant::now();
+        let duration = self.sharding.duration;
+        self.given_back
+            .retain(|_, at| now.duration_since(*at) < duration);
+        let waiting_for = view.other_counts.last().copied();
+        if waiting_for != self.waiting_for {
+            if let Some(other) = waiting_for {
+                tracing::warn!(
+                    shards = self.sharding.shards,
+                    other,
+                    "replicas run with --shards {other} hold shard Leases of this group; taking no shard while they do"
+                );
             }
+            self.waiting_for = waiting_for;
         }
-        counts.insert(&self.identity, self.held.len());
-        let (most, least) = fair_share(self.shards.len(), view.members.len());
-        let mine = self.held.len();
-        let busiest = counts
-            .iter()
-            .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0)))
-            .map(|(id, _)| *id);
-        let starved = counts.values().any(|&n| n < least);
-        if mine > most || (mine > least && starved && busiest == Some(self.identity.as_str())) {
-            self.give_back();
-            return;
-        }
-        if mine >= most {
-            return;
-        }
-        // Free shards, starting at a place of this replica's own so that replicas starting
-        // together try different ones first.
-        let start = super::fnv1a64(self.identity.as_bytes()) as usize % self.shards.len();
-        let free: Vec<Shard> = (0..self.shards.len())
-            .map(|i| self.shards[(start + i) % self.shards.len()])
-            .filter(|s| !self.held.contains_key(s))
-            // Held by nobody live, or by this identity before a restart.
-            .filter(|s| view.holders.get(s).is_none_or(|h| *h == self.identity))
-            .take((most - mine).min(TAKE_PER_TICK))
-            .collect();
-        for shard in free {
-            let name = shard.lease_name(&self.sharding.lease_prefix);
-            self.take(shard, view.leases.get(&name).cloned()).await;
+        let held: BTreeSet<Shard> = self.held.keys().copied().collect();
+        let cooling: BTreeSet<Shard> = self.given_back.keys().copied().collect();
+        let count = self.sharding.shards;
+        match plan(&self.identity, count, &held, view, &self.shards, &cooling) {
+            Plan::Keep => {}
+            Plan::GiveBack(n) => {
+                for _ in 0..n {
+                    self.give_back();
+                }
+            }
+            Plan::Take(free) => {
+                for shard in free {
+                    let name = shard.lease_name(&self.sharding.lease_prefix);
+                    self.take(shard, view.leases.get(&name).cloned()).await;
+                }
+            }
         }
     }
 
@@ -379,6 +415,7 @@ impl Keeper {
     fn give_back(&mut self) {
         if let Some((shard, (lease, fence))) = self.held.pop_last() {
             fence.lose();
+            self.given_back.insert(shard, Instant::now());
             tracing::info!(shard = %shard, "giving the shard back to balance the replicas");
             self.releasing.push(lease);
         }
@@ -419,11 +456,31 @@ impl Keeper {
             Ok(_) => {
                 tracing::warn!(shard = %shard, "took the shard's Lease, but too late to use it")
             }
-            // Another replica was faster.
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            // Another replica was faster, or a Lease of that name is not labelled as ours.
+            Err(kube::Error::Api(s)) if s.code == 409 => self.stranger(&name).await,
             Err(e) => {
                 tracing::warn!(shard = %shard, error = %crate::text::chain(&e), "taking a shard failed")
             }
+        }
+    }
+
+    /// Logs, once, that Lease `name` exists without this group's label: no replica lists it,
+    /// so its shard cannot be held until it is labelled or deleted.
+    async fn stranger(&mut self, name: &str) {
+        if self.strangers.contains(name) {
+            return;
+        }
+        let Ok(Some(lease)) = self.api.get_opt(name).await else {
+            return;
+        };
+        let ours = lease.labels().get(GROUP_LABEL) == Some(&self.sharding.lease_prefix);
+        if !ours {
+            tracing::warn!(
+                lease = name,
+                label = GROUP_LABEL,
+                "a Lease has the name of a shard of this group but not its label; the shard stays unheld until it is deleted"
+            );
+            self.strangers.insert(name.to_string());
         }
     }
 
@@ -538,6 +595,62 @@ pub fn fair_share(shards: usize, members: usize) -> (usize, usize) {
     (shards.div_ceil(members), shards / members)
 }
 
+/// What replica `me`, started with `count` shards and holding `held`, does after listing
+/// `view`. It takes none of `cooling` (the shards it gave back lately): the replica it gave
+/// one back for gets it, not this one on its very next tick.
+fn plan(
+    me: &str,
+    count: u32,
+    held: &BTreeSet<Shard>,
+    view: &View,
+    shards: &[Shard],
+    cooling: &BTreeSet<Shard>,
+) -> Plan {
+    let mine = held.len();
+    if let Some(&other) = view.other_counts.last() {
+        // Both counts cut the same namespaces: one of them yields, the smaller.
+        return if mine > 0 && other > count {
+            Plan::GiveBack(mine)
+        } else {
+            Plan::Keep
+        };
+    }
+    let mut counts: BTreeMap<&str, usize> = view.members.iter().map(|m| (m.as_str(), 0)).collect();
+    for holder in view.holders.values() {
+        if let Some(n) = counts.get_mut(holder.as_str()) {
+            *n += 1;
+        }
+    }
+    counts.insert(me, mine);
+    let (most, least) = fair_share(shards.len(), view.members.len());
+    let busiest = counts
+        .iter()
+        .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0)))
+        .map(|(id, _)| *id);
+    let starved = counts.values().any(|&n| n < least);
+    if mine > most || (mine > least && starved && busiest == Some(me)) {
+        return Plan::GiveBack(1);
+    }
+    if mine >= most {
+        return Plan::Keep;
+    }
+    // Free shards, starting at a place of this replica's own so that replicas starting
+    // together try different ones first.
+    let start = super::fnv1a64(me.as_bytes()) as usize % shards.len();
+    let free: Vec<Shard> = (0..shards.len())
+        .map(|i| shards[(start + i) % shards.len()])
+        .filter(|s| !held.contains(s) && !cooling.contains(s))
+        // Held by nobody live, or by this identity before a restart.
+        .filter(|s| view.holders.get(s).is_none_or(|h| h == me))
+        .take((most - mine).min(TAKE_PER_TICK))
+        .collect();
+    if free.is_empty() {
+        Plan::Keep
+    } else {
+        Plan::Take(free)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -577,6 +690,109 @@ mod tests {
                 "{secs}"
             );
         }
+    }
+
+    /// Replicas ticking in turn over one table of Lease holders, as [`Keeper`] does: a shard
+    /// given back names its holder until that holder's next tick releases it. Returns what
+    /// each holds after `rounds`, and the round of the last change.
+    fn simulate(count: u32, names: &[&str], start: &[&[u32]], rounds: u64) -> (Vec<usize>, u64) {
+        let shards = Shard::all(count);
+        let cooling_rounds = 8; // a 15 s Lease over 2 s ticks
+        let mut table: BTreeMap<Shard, String> = BTreeMap::new();
+        let mut held: Vec<BTreeSet<Shard>> = vec![BTreeSet::new(); names.len()];
+        let mut releasing: Vec<Vec<Shard>> = vec![Vec::new(); names.len()];
+        let mut given: Vec<BTreeMap<Shard, u64>> = vec![BTreeMap::new(); names.len()];
+        for (r, indices) in start.iter().enumerate() {
+            for &i in *indices {
+                let shard = shards[i as usize];
+                table.insert(shard, names[r].to_string());
+                held[r].insert(shard);
+            }
+        }
+        let mut last_change = 0;
+        for round in 1..=rounds {
+            for (r, me) in names.iter().enumerate() {
+                for shard in std::mem::take(&mut releasing[r]) {
+                    table.remove(&shard);
+                }
+                let view = View {
+                    members: names.iter().map(|n| n.to_string()).collect(),
+                    holders: table.clone(),
+                    ..View::default()
+                };
+                given[r].retain(|_, at| round - *at < cooling_rounds);
+                let cooling = given[r].keys().copied().collect();
+                match plan(me, count, &held[r], &view, &shards, &cooling) {
+                    Plan::Keep => {}
+                    Plan::GiveBack(n) => {
+                        for _ in 0..n {
+                            let shard = held[r].pop_last().unwrap();
+                            releasing[r].push(shard);
+                            given[r].insert(shard, round);
+                        }
+                        last_change = round;
+                    }
+                    Plan::Take(free) => {
+                        for shard in free {
+                            assert!(table.get(&shard).is_none_or(|h| h == me));
+                            table.insert(shard, me.to_string());
+                            held[r].insert(shard);
+                        }
+                        last_change = round;
+                    }
+                }
+            }
+        }
+        assert_eq!(table.len(), shards.len(), "every shard is held: {table:?}");
+        (held.iter().map(BTreeSet::len).collect(), last_change)
+    }
+
+    #[test]
+    fn a_replica_joining_gets_its_share_when_it_does_not_divide_evenly() {
+        // 12 shards on four replicas, and a fifth joins: it must end with 2 and stay there,
+        // not watch the busiest give one back and take it again on every other tick.
+        let four: [&[u32]; 4] = [&[0, 1, 2], &[3, 4, 5], &[6, 7, 8], &[9, 10, 11]];
+        let (held, settled) = simulate(12, &["a", "b", "c", "d", "e"], &four, 100);
+        assert!(held.iter().all(|&n| n == 2 || n == 3), "{held:?}");
+        assert_eq!(held.iter().sum::<usize>(), 12);
+        assert!(settled < 30, "the last move came on round {settled}");
+        // Evenly: from one replica to three.
+        let one: [&[u32]; 1] = [&[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]];
+        let (held, settled) = simulate(12, &["a", "b", "c"], &one, 100);
+        assert_eq!(held, vec![4, 4, 4]);
+        assert!(settled < 30, "the last move came on round {settled}");
+        // From nothing, together.
+        let (held, _) = simulate(16, &["a", "b", "c", "d", "e"], &[], 100);
+        assert!(held.iter().all(|&n| n == 3 || n == 4), "{held:?}");
+    }
+
+    #[test]
+    fn of_two_counts_holding_shards_the_smaller_gives_all_back_and_none_is_taken() {
+        let shards = Shard::all(12);
+        let view = |other: u32| View {
+            members: vec!["a".into()],
+            other_counts: BTreeSet::from([other]),
+            ..View::default()
+        };
+        let none = BTreeSet::new();
+        let three: BTreeSet<Shard> = shards[..3].iter().copied().collect();
+        // Started with 12 while Leases of 16 are live: everything goes back.
+        assert_eq!(
+            plan("a", 12, &three, &view(16), &shards, &none),
+            Plan::GiveBack(3)
+        );
+        // The larger count keeps what it holds, and neither takes more.
+        assert_eq!(plan("a", 12, &three, &view(8), &shards, &none), Plan::Keep);
+        assert_eq!(plan("a", 12, &none, &view(16), &shards, &none), Plan::Keep);
+        assert_eq!(plan("a", 12, &none, &view(8), &shards, &none), Plan::Keep);
+        // Alone in its count, it takes four a tick.
+        let alone = View {
+            members: vec!["a".into()],
+            ..View::default()
+        };
+        assert!(
+            matches!(plan("a", 12, &none, &alone, &shards, &none), Plan::Take(t) if t.len() == 4)
+        );
     }
 
     #[test]

@@ -94,13 +94,15 @@ impl Shard {
         format!("{prefix}-{}-of-{}", self.index, self.count)
     }
 
-    /// The shard a Lease named by [`Shard::lease_name`] with `prefix` holds.
+    /// The shard a Lease named by [`Shard::lease_name`] with `prefix` holds; `None` for any
+    /// other name, `…-01-of-2` included (it would shadow the real `…-1-of-2`).
     pub fn from_lease_name(prefix: &str, name: &str) -> Option<Shard> {
         let (index, count) = name
             .strip_prefix(prefix)?
             .strip_prefix('-')?
             .split_once("-of-")?;
         Shard::new(index.parse().ok()?, count.parse().ok()?)
+            .filter(|shard| shard.lease_name(prefix) == name)
     }
 }
 
@@ -195,6 +197,9 @@ mod tests {
             "other-1-of-2",
             "wasmop-shard-member-a",
             "wasmop-shard-1",
+            "wasmop-shard-01-of-2",
+            "wasmop-shard-1-of-02",
+            "wasmop-shard-+1-of-2",
         ] {
             assert_eq!(
                 Shard::from_lease_name("wasmop-shard", other),
