@@ -1109,3 +1109,143 @@ async fn a_canary_and_a_preview_span_every_replicas_shards() {
     assert!(survivor.terminate().success());
     plane.stop().await.expect("the plane stops");
 }
+
+/// The holders of this world's live shard Leases, by Lease name (`…-<i>-of-<N>`): those whose
+/// holder is set. Leases released on SIGTERM name none.
+async fn lease_holders(world: &World) -> BTreeMap<String, String> {
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = world.host_ns.api();
+    let selector = format!("{}=shard", keeper::ROLE_LABEL);
+    leases
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .expect("shard Leases")
+        .items
+        .into_iter()
+        .filter_map(|l| {
+            let holder = l.spec?.holder_identity.filter(|h| !h.is_empty())?;
+            Some((l.metadata.name?, holder))
+        })
+        .collect()
+}
+
+/// A rolling update that changes `--shards`: a replica of the new count takes nothing while
+/// the old one holds its Leases, so no moment has both counts holding shards (a Lease list
+/// every 200 ms, all along); once the old one leaves, the new one takes every shard and serves.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_change_of_shard_count_hands_over_without_two_writers() {
+    let cluster = testenv::shared().await.expect("control plane");
+    let client = cluster.client().await.expect("client");
+    let kubeconfig = cluster.kubeconfig_path().to_path_buf();
+    let world = World::new(client.clone(), "count", 6).await;
+    let parents = world.put_parents(&world.namespaces, 12).await;
+
+    let old = world.host(
+        "wasmop-old",
+        &kubeconfig,
+        &["--shards", "4", "--lease-duration-seconds", LEASE_SECONDS],
+    );
+    wait_balanced(&world, &["wasmop-old"], 4).await;
+    wait_converged(&client, &parents).await;
+
+    // Every Lease list from here on: which counts hold shards at once.
+    let (stop, overlaps) = {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (flag, world_ns) = (stop.clone(), world.host_ns.name().to_string());
+        let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+            Api::namespaced(client.clone(), &world_ns);
+        let task = tokio::spawn(async move {
+            let (mut lists, mut both) = (0, Vec::new());
+            while !flag.load(Ordering::Relaxed) {
+                let selector = format!("{}=shard", keeper::ROLE_LABEL);
+                if let Ok(list) = leases.list(&ListParams::default().labels(&selector)).await {
+                    lists += 1;
+                    let counts: BTreeSet<String> = list
+                        .items
+                        .iter()
+                        .filter(|l| {
+                            l.spec
+                                .as_ref()
+                                .and_then(|s| s.holder_identity.as_deref())
+                                .is_some_and(|h| !h.is_empty())
+                        })
+                        .filter_map(|l| l.metadata.name.as_ref()?.rsplit_once("-of-"))
+                        .map(|(_, count)| count.to_string())
+                        .collect();
+                    if counts.len() > 1 {
+                        both.push(counts);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            (lists, both)
+        });
+        (stop, task)
+    };
+
+    let new = world.host(
+        "wasmop-new",
+        &kubeconfig,
+        &["--shards", "6", "--lease-duration-seconds", LEASE_SECONDS],
+    );
+    // Its first tick announces it (its member Lease); the next ones would take shards.
+    let members: Api<k8s_openapi::api::coordination::v1::Lease> = world.host_ns.api();
+    testenv::wait_until(
+        "the new replica's member Lease",
+        common::TIMEOUT,
+        || async { members.get_opt("wasmop-shard-member-wasmop-new").await },
+        Option::is_some,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nnew replica's log:\n{}", new.logs()));
+    tokio::time::sleep(keeper::TICK * 3).await;
+    let held = lease_holders(&world).await;
+    assert!(
+        held.keys().all(|name| name.ends_with("-of-4")) && held.len() == 4,
+        "only the old count holds shards: {held:?}\nnew replica's log:\n{}",
+        new.logs()
+    );
+    assert!(
+        new.logs().contains(
+            "replicas run with --shards 4 hold shard Leases of this group; taking no shard"
+        ),
+        "the new replica says why it waits:\n{}",
+        new.logs()
+    );
+    let moved = resize_in(&client, &parents, &Shard::all(4), 2, 1).await;
+
+    // The old replica leaves (SIGTERM releases its Leases): the new one takes all six.
+    let status = tokio::task::spawn_blocking(move || old.terminate())
+        .await
+        .unwrap();
+    assert!(status.success(), "the old replica exits cleanly: {status}");
+    testenv::wait_for(
+        "the new replica to hold every shard of its count",
+        common::TIMEOUT,
+        || async {
+            let held = lease_holders(&world).await;
+            let all = held.len() == 6
+                && held
+                    .iter()
+                    .all(|(name, h)| name.ends_with("-of-6") && h == "wasmop-new");
+            Ok::<_, String>(all.then_some(()))
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nnew replica's log:\n{}", new.logs()));
+    for (ns, name) in &moved {
+        put_memcached(&client, ns, name, 2).await;
+    }
+    wait_converged(&client, &moved).await;
+
+    stop.store(true, Ordering::Relaxed);
+    let (lists, both) = overlaps.await.unwrap();
+    println!(
+        "measured: {lists} Lease lists during the change, {} with both counts holding",
+        both.len()
+    );
+    assert!(
+        lists > 20,
+        "the Leases were watched all along ({lists} lists)"
+    );
+    assert!(both.is_empty(), "both counts held shards at once: {both:?}");
+}
