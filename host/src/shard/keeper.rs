@@ -383,12 +383,16 @@ impl Keeper {
             .retain(|_, at| now.duration_since(*at) < duration);
         let waiting_for = view.other_counts.last().copied();
         if waiting_for != self.waiting_for {
-            if let Some(other) = waiting_for {
-                tracing::warn!(
+            match waiting_for {
+                Some(other) => tracing::warn!(
                     shards = self.sharding.shards,
                     other,
                     "replicas run with --shards {other} hold shard Leases of this group; taking no shard while they do"
-                );
+                ),
+                None => tracing::info!(
+                    shards = self.sharding.shards,
+                    "no Lease of another shard count is live any more; taking shards"
+                ),
             }
             self.waiting_for = waiting_for;
         }
@@ -428,6 +432,7 @@ impl Keeper {
         // created new is confirmed by one.
         let fence = Fence::new(&name, &self.identity, self.sharding.duration);
         fence.lead();
+        let creating = existing.is_none();
         let observed: Api<Lease> = Api::namespaced(
             fence.observe(&self.client),
             self.api.namespace().unwrap_or_default(),
@@ -457,7 +462,8 @@ impl Keeper {
                 tracing::warn!(shard = %shard, "took the shard's Lease, but too late to use it")
             }
             // Another replica was faster, or a Lease of that name is not labelled as ours.
-            Err(kube::Error::Api(s)) if s.code == 409 => self.stranger(&name).await,
+            Err(kube::Error::Api(s)) if s.code == 409 && creating => self.stranger(&name).await,
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
             Err(e) => {
                 tracing::warn!(shard = %shard, error = %crate::text::chain(&e), "taking a shard failed")
             }
