@@ -33,6 +33,12 @@ const BUILDS: &[Build] = &[
                 "A component whose manifest breaks the host's rules: `tests/guests/bad-manifest`.",
             ),
             (
+                "CLUSTER_PARENT",
+                "cluster_parent",
+                "Parent ClusterProbe (cluster-scoped), a ConfigMap in each namespace of \
+                 `spec.namespaces`, `status.seen` the ones it was shown: `tests/guests/cluster-parent`.",
+            ),
+            (
                 "DEPLOYMENT_PLUGIN",
                 "deployment_plugin",
                 "Parent Deployment, child kind ReplicaSet, no children wanted: \

@@ -1249,3 +1249,122 @@ async fn a_change_of_shard_count_hands_over_without_two_writers() {
     );
     assert!(both.is_empty(), "both counts held shards at once: {both:?}");
 }
+
+/// A cluster-scoped parent's world spans namespaces: the replica holding the shard of
+/// cluster-scoped objects sees its children in every namespace, whichever replica holds
+/// those namespaces' shards, so it is shown all of them and prunes the ones it drops.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cluster_scoped_parent_sees_and_prunes_its_children_in_every_shard() {
+    let cluster = testenv::shared().await.expect("control plane");
+    let client = cluster.client().await.expect("client");
+    let kubeconfig = cluster.kubeconfig_path().to_path_buf();
+    let crd = json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "clusterprobes.test.wasmop.io"},
+        "spec": {
+            "group": "test.wasmop.io",
+            "names": {"kind": "ClusterProbe", "plural": "clusterprobes", "singular": "clusterprobe", "listKind": "ClusterProbeList"},
+            "scope": "Cluster",
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "subresources": {"status": {}},
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
+            }],
+        },
+    });
+    testenv::apply_crd(
+        &client,
+        &serde_json::from_value(crd).unwrap(),
+        "shards",
+        common::TIMEOUT,
+    )
+    .await
+    .expect("CRD established");
+    let wasm = test_artifacts::read(test_artifacts::CLUSTER_PARENT);
+    let world = World::with_plugin(client.clone(), "clp", 8, "cluster-parent", wasm).await;
+
+    let args = ["--shards", "4", "--lease-duration-seconds", LEASE_SECONDS];
+    let pods = ["wasmop-a", "wasmop-b"];
+    let hosts: Vec<Host> = pods
+        .iter()
+        .map(|p| world.host(p, &kubeconfig, &args))
+        .collect();
+    let holders = wait_balanced(&world, &pods, 4).await;
+    // Its children's namespaces are on both replicas' shards, not only the designated one.
+    let namespaces: Vec<String> = world
+        .namespaces
+        .iter()
+        .map(|ns| ns.name().to_string())
+        .collect();
+    let designated = Shard::all(4).into_iter().find(|s| s.holds("")).unwrap();
+    let elsewhere = namespaces.iter().filter(|ns| !designated.holds(ns)).count();
+    assert!(elsewhere > 0, "some namespace is off the designated shard");
+    let other = pods
+        .iter()
+        .find(|p| holders.get(&designated.index()) != Some(&p.to_string()))
+        .unwrap();
+    let theirs = shards_of(&holders, other, 4);
+    assert!(
+        namespaces
+            .iter()
+            .any(|ns| theirs.iter().any(|s| s.holds(ns))),
+        "some namespace is on the other replica's shards"
+    );
+
+    let name = format!("{}-probe", world.host_ns.name());
+    let probes = Api::<DynamicObject>::all_with(
+        client.clone(),
+        &kube::api::ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk("test.wasmop.io", "v1", "ClusterProbe"),
+            "clusterprobes",
+        ),
+    );
+    let put = |namespaces: Vec<String>| {
+        let probe = json!({"apiVersion": "test.wasmop.io/v1", "kind": "ClusterProbe",
+                           "metadata": {"name": name}, "spec": {"namespaces": namespaces}});
+        let (probes, name) = (probes.clone(), name.clone());
+        async move {
+            probes
+                .patch(&name, &PatchParams::apply("shards"), &Patch::Apply(&probe))
+                .await
+                .expect("a ClusterProbe")
+        }
+    };
+    let seen = |want: usize| {
+        let (probes, name) = (probes.clone(), name.clone());
+        async move {
+            testenv::wait_until(
+                &format!("ClusterProbe {name} to be shown {want} children"),
+                common::TIMEOUT,
+                || async { probes.get(&name).await },
+                |p| p.data["status"]["seen"] == want,
+            )
+            .await
+        }
+    };
+    put(namespaces.clone()).await;
+    seen(namespaces.len())
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", hosts.iter().map(Host::logs).collect::<String>()));
+
+    // Dropping namespaces prunes their ConfigMaps, on every shard.
+    let (kept, dropped) = namespaces.split_at(namespaces.len() / 2);
+    put(kept.to_vec()).await;
+    for ns in dropped {
+        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+        testenv::wait_until(
+            &format!("ConfigMap {ns}/{name} to be pruned"),
+            common::TIMEOUT,
+            || async { cms.get_opt(&name).await },
+            Option::is_none,
+        )
+        .await
+        .expect("pruned");
+    }
+    seen(kept.len()).await.expect("shown the kept ones");
+    probes
+        .delete(&name, &Default::default())
+        .await
+        .expect("deleted");
+}

@@ -335,16 +335,24 @@ pub fn spawn(
         hub.subscribe(&kinds.parent.resource, kinds.parent.namespaced, false),
     )];
     let child_kinds = kinds.all_children();
+    // A cluster-scoped parent's children and related objects may be in any namespace, so on
+    // a sharded host the shard holding such parents (that of the empty namespace) watches
+    // their kinds across every shard. A namespaced parent's are all in its namespace.
+    let world = if !kinds.parent.namespaced && hub.holds("") {
+        hub.whole()
+    } else {
+        hub
+    };
     for (i, k) in child_kinds.iter().enumerate() {
         subs.push((
             Role::Child(i),
-            hub.subscribe(&k.resource, k.namespaced, false),
+            world.subscribe(&k.resource, k.namespaced, false),
         ));
     }
     for (i, (k, metadata_only)) in kinds.related.iter().enumerate() {
         subs.push((
             Role::Related(i),
-            hub.subscribe(&k.resource, k.namespaced, *metadata_only),
+            world.subscribe(&k.resource, k.namespaced, *metadata_only),
         ));
     }
     let cache_of = |role: fn(&Role) -> bool| -> Vec<Arc<Cache>> {

@@ -14,6 +14,8 @@
 //! A hub of one [`Shard`] ([`Hub::sharded`]) asks the API server for that shard's objects only
 //! (`shardSelector`) and drops any other it is sent, so it works the same on a server without
 //! sharded watches; it says once in the log that the server sent objects of other shards.
+//! [`Hub::whole`] is the hub it was narrowed from, for the kinds a shard must see whole (the
+//! children of cluster-scoped parents, which may be in any namespace).
 
 pub mod cache;
 pub mod object;
@@ -96,6 +98,8 @@ pub struct Hub {
     shard: Option<Shard>,
     // Set once the server was seen sending objects of other shards.
     unsharded_server: Arc<AtomicBool>,
+    // The hub this one was narrowed from: its watches see every shard.
+    whole: Option<Arc<Hub>>,
 }
 
 struct SharedWatch {
@@ -183,18 +187,32 @@ impl Hub {
             health,
             shard: None,
             unsharded_server: Arc::default(),
+            whole: None,
         }
     }
 
     /// This hub, watching only the objects of `shard`: its lists and watches carry the
     /// shard's `shardSelector`, and what the server sends of other shards is dropped.
     pub fn sharded(self, shard: Shard) -> Hub {
+        let whole = Arc::new(self.whole().clone());
         Hub {
-            client: with_shard_selector(&self.client, &shard),
+            client: with_shard_selector(&whole.client, &shard),
             shard: Some(shard),
             watches: Arc::default(),
+            whole: Some(whole),
             ..self
         }
+    }
+
+    /// The hub this one was narrowed from, whose watches see every shard (this one, when it
+    /// is not sharded). Its watches are shared by every shard narrowed from it.
+    pub fn whole(&self) -> &Hub {
+        self.whole.as_deref().unwrap_or(self)
+    }
+
+    /// Whether this hub's watches see the objects of `namespace` (`""`: cluster-scoped).
+    pub fn holds(&self, namespace: &str) -> bool {
+        self.shard.is_none_or(|shard| shard.holds(namespace))
     }
 
     /// The namespace watched, `None` for all.
