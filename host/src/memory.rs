@@ -8,8 +8,7 @@
 //!
 //! The binary's own code is the other half of an idle host's RSS: every page of it the host
 //! ran once (start-up, the first list, a plugin load) stays mapped for good, 64 KiB around
-//! each, and so does every page of the shared libraries it ran (the C library, the loader).
-//! [`release_code_pages`] unmaps them; the few the host keeps running come back.
+//! each. [`release_code_pages`] unmaps them; the few the host keeps running come back.
 //!
 //! ```
 //! wasmop::memory::tune_allocator();
@@ -90,13 +89,12 @@ pub fn give_back_freed_memory() {
     }
 }
 
-/// Unmaps the pages of this program's binary and of the shared libraries it loaded that no
-/// write has touched (their code and read-only data, never the relocated data), and returns
-/// how many bytes were resident in them. Each page comes back from the page cache on its next
-/// use, so what stays resident is the code the program runs, not all it ever ran: `wasmop
-/// run` calls this once it is ready and every [`crate::config::CODE_PAGES_RELEASE`]
-/// (docs/benchmarks.md has what it saves). Where the mappings cannot be read (not Linux), it
-/// does nothing and returns 0.
+/// Unmaps the pages of this program's binary that no write has touched (its code and
+/// read-only data, never the relocated data), and returns how many bytes were resident in
+/// them. Each page comes back from the page cache on its next use, so what stays resident is
+/// the code the program runs, not all it ever ran: `wasmop run` calls this once it is ready
+/// and every [`crate::config::CODE_PAGES_RELEASE`] (docs/benchmarks.md has what it saves).
+/// Where the mappings cannot be read (not Linux), it does nothing and returns 0.
 ///
 /// ```
 /// let released = wasmop::memory::release_code_pages();
@@ -118,31 +116,12 @@ pub fn release_code_pages() -> u64 {
     // copy, and that mapping must then be left alone. Streamed, not read whole: a host's
     // smaps runs to megabytes (thousands of mappings), and reading it all would raise the
     // peak RSS by as much on every release, at the moment the most code is resident.
-    mappings(std::io::BufReader::new(smaps), |path| {
-        path == exe || is_shared_library(path)
-    })
-    .into_iter()
-    .filter(|m| m.is_clean())
-    .filter(|m| unmap(m.start, m.end))
-    .map(|m| m.resident)
-    .sum()
-}
-
-/// Whether `path` names a shared library (`/usr/lib/x86_64-linux-gnu/libc.so.6`, the loader
-/// `ld-linux-x86-64.so.2`): the system's own files, loaded at start-up. Not any other file
-/// mapped (a compiled plugin, whose artifact the host may replace).
-fn is_shared_library(path: &str) -> bool {
-    let Some((dir, file)) = path.rsplit_once('/') else {
-        return false;
-    };
-    let versioned = |rest: &str| rest.is_empty() || rest.starts_with('.');
-    let named = file.starts_with("lib") || file.starts_with("ld-");
-    !dir.is_empty()
-        && path.starts_with('/')
-        && named
-        && file
-            .split_once(".so")
-            .is_some_and(|(_, rest)| versioned(rest))
+    mappings(std::io::BufReader::new(smaps), |path| path == exe)
+        .into_iter()
+        .filter(|m| m.is_clean())
+        .filter(|m| unmap(m.start, m.end))
+        .map(|m| m.resident)
+        .sum()
 }
 
 /// One mapping of `/proc/<pid>/smaps`, with the fields read here.
@@ -220,9 +199,9 @@ fn mappings(mut smaps: impl std::io::BufRead, keep: impl Fn(&str) -> bool) -> Ve
 #[allow(unsafe_code)]
 fn unmap(start: usize, end: usize) -> bool {
     #[cfg(target_os = "linux")]
-    // SAFETY: the range is one mapping of the binary or a library that holds no page of its
-    // own and cannot be written (read-only, no private copy): the kernel maps the same bytes
-    // back from the file at the next access, so nothing is lost and no reference dangles.
+    // SAFETY: the range is one mapping of the binary that holds no page of its own and cannot
+    // be written (read-only, no private copy): the kernel maps the same bytes back from the
+    // file at the next access, so nothing is lost and no reference into it dangles.
     unsafe {
         libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) == 0
     }
@@ -275,30 +254,6 @@ Anonymous:           100 kB
     }
 
     #[test]
-    fn shared_libraries_are_told_from_other_files() {
-        for path in [
-            "/usr/lib/x86_64-linux-gnu/libc.so.6",
-            "/lib64/ld-linux-x86-64.so.2",
-            "/usr/lib/x86_64-linux-gnu/libgcc_s.so.1",
-            "/lib/libm.so",
-        ] {
-            assert!(is_shared_library(path), "{path}");
-        }
-        for path in [
-            "",
-            "[heap]",
-            "[vdso]",
-            "libc.so.6",
-            "/opt/wasmop",
-            "/var/cache/wasmop/components/ab/cd.cwasm",
-            "/tmp/libplugin.sorted",
-            "/usr/lib/locale/locale-archive",
-        ] {
-            assert!(!is_shared_library(path), "{path}");
-        }
-    }
-
-    #[test]
     fn mappings_not_kept_lend_their_fields_to_none() {
         // The anonymous mapping's `Rss:` must not land on the binary's mapping before it.
         let ours = mappings(SMAPS.as_bytes(), |path| path == "/opt/wasmop");
@@ -310,56 +265,36 @@ Anonymous:           100 kB
         assert!(mappings(SMAPS.as_bytes(), |_| false).is_empty());
     }
 
-    /// Per mapping of the files `keep` accepts, by start address: its resident bytes if clean,
-    /// and its own pages if read-only but not clean (relocated data).
+    /// This test binary's resident bytes in clean mappings, and its relocated data's own
+    /// pages.
     #[cfg(target_os = "linux")]
-    fn snapshot(keep: impl Fn(&str) -> bool) -> std::collections::BTreeMap<usize, (u64, u64)> {
+    fn resident() -> (u64, u64) {
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
         let smaps = std::fs::File::open("/proc/self/smaps").unwrap();
-        mappings(std::io::BufReader::new(smaps), keep)
-            .into_iter()
-            .filter(|m| !m.perms.contains('w'))
-            .map(|m| {
-                let held = if m.is_clean() {
-                    (m.resident, 0)
-                } else {
-                    (0, m.anonymous.unwrap_or(0))
-                };
-                (m.start, held)
-            })
-            .collect()
+        let exe = exe.to_string_lossy();
+        let ours = mappings(std::io::BufReader::new(smaps), |path| path == exe);
+        let clean = ours.iter().filter(|m| m.is_clean()).map(|m| m.resident);
+        let relocated = ours
+            .iter()
+            .filter(|m| !m.perms.contains('w') && !m.is_clean())
+            .map(|m| m.anonymous.unwrap_or(0));
+        (clean.sum(), relocated.sum())
     }
 
     #[cfg(target_os = "linux")]
     #[test]
     fn a_release_drops_resident_code_and_keeps_the_relocations() {
-        let exe = std::fs::read_link("/proc/self/exe").unwrap();
-        let exe = exe.to_string_lossy();
-        let binary = |path: &str| path == exe;
-        let (ours, libraries) = (snapshot(binary), snapshot(is_shared_library));
-        assert!(release_code_pages() > 0, "some code was resident");
-        let (ours_after, libraries_after) = (snapshot(binary), snapshot(is_shared_library));
-        // Other tests run meanwhile, and may load a library: compare the mappings in both.
-        for (name, before, after) in [
-            ("the binary", ours, ours_after),
-            ("the libraries", libraries, libraries_after),
-        ] {
-            let both = || before.keys().filter(|start| after.contains_key(start));
-            let clean = |of: &std::collections::BTreeMap<_, (u64, u64)>| -> u64 {
-                both().map(|start| of[start].0).sum()
-            };
-            assert!(clean(&before) > 0, "{name}: some code was resident before");
-            assert!(
-                clean(&after) < clean(&before),
-                "{name}: resident code after the release ({} bytes) is below before ({})",
-                clean(&after),
-                clean(&before)
-            );
-            for start in both() {
-                assert_eq!(
-                    after[start].1, before[start].1,
-                    "{name}: the pages written at start-up (relocations) at {start:#x} are all still there"
-                );
-            }
-        }
+        let (clean, relocated) = resident();
+        assert!(clean > 0, "the test binary runs from its own file");
+        assert!(release_code_pages() > 0, "some of it was resident");
+        let (after, relocated_after) = resident();
+        assert!(
+            after < clean,
+            "resident code after the release ({after} bytes) is below before ({clean})"
+        );
+        assert_eq!(
+            relocated_after, relocated,
+            "the pages written at start-up (relocations) are all still there"
+        );
     }
 }
