@@ -131,16 +131,26 @@ struct Mapping {
     end: usize,
     perms: String,
     resident: u64,
-    /// Bytes of pages of its own (written, so no longer the file's); `None` if not listed.
+    /// Bytes of pages of its own (written, so no longer the file's) in memory; `None` if not
+    /// listed.
     anonymous: Option<u64>,
+    /// Bytes of pages of its own swapped out, which `Anonymous:` leaves out; `None` if not
+    /// listed.
+    swapped: Option<u64>,
 }
 
 impl Mapping {
-    /// Not writable and holding no page of its own: what the kernel maps back from the file is
-    /// what it holds. The relocated data (RELRO) is read-only too, but written once at
-    /// start-up, so it never qualifies.
+    /// Private, not writable and holding no page of its own, in memory or in swap: what the
+    /// kernel maps back from the file is what it holds. The relocated data (RELRO) is
+    /// read-only too, but written once at start-up, so it never qualifies, even with every
+    /// written page swapped out.
     fn is_clean(&self) -> bool {
-        self.perms.starts_with('r') && !self.perms.contains('w') && self.anonymous == Some(0)
+        let private = self.perms.ends_with('p');
+        let own = (self.anonymous, self.swapped);
+        self.perms.starts_with('r')
+            && !self.perms.contains('w')
+            && private
+            && own == (Some(0), Some(0))
     }
 }
 
@@ -190,6 +200,8 @@ fn mappings(mut smaps: impl std::io::BufRead, keep: impl Fn(&str) -> bool) -> Ve
             current.resident = bytes(value).unwrap_or(0);
         } else if let Some(value) = line.strip_prefix("Anonymous:") {
             current.anonymous = bytes(value);
+        } else if let Some(value) = line.strip_prefix("Swap:") {
+            current.swapped = bytes(value);
         }
     }
     found
@@ -220,21 +232,34 @@ mod tests {
 5625-5626 r--p 00000000 fe:00 11 /opt/wasmop
 Rss:                2288 kB
 Anonymous:             0 kB
+Swap:                  0 kB
 5626-5628 r-xp 00523000 fe:00 11 /opt/wasmop
 Size:              21336 kB
 Rss:                3052 kB
 Anonymous:             0 kB
+Swap:                  0 kB
 5628-5629 r--p 019f8000 fe:00 11 /opt/wasmop
 Rss:                 552 kB
 Anonymous:           552 kB
+Swap:                  0 kB
 5629-562a rw-p 01a81000 fe:00 11 /opt/wasmop
 Rss:                  24 kB
 Anonymous:            24 kB
+Swap:                  0 kB
 562a-562b r--p 01a82000 fe:00 11 /opt/wasmop
 Rss:                   8 kB
+562b-562c r--p 01a83000 fe:00 11 /opt/wasmop
+Rss:                   0 kB
+Anonymous:             0 kB
+Swap:                 16 kB
+562c-562d r--s 00000000 fe:00 12 /opt/wasmop
+Rss:                   4 kB
+Anonymous:             0 kB
+Swap:                  0 kB
 7f01-7f02 rw-p 00000000 00:00 0
 Rss:                 100 kB
 Anonymous:           100 kB
+Swap:                  0 kB
 ";
 
     #[test]
@@ -244,20 +269,21 @@ Anonymous:           100 kB
             .filter(|m| m.is_clean())
             .map(|m| (m.start, m.resident))
             .collect();
-        // Not the relocated data, the writable data, anonymous memory, nor a mapping whose
-        // `Anonymous:` line is missing.
+        // Not the relocated data (in memory or swapped out), the writable data, a shared
+        // mapping, anonymous memory, nor a mapping whose `Anonymous:` line is missing.
         assert_eq!(clean, vec![(0x5625, 2288 * 1024), (0x5626, 3052 * 1024)]);
         let all = mappings(SMAPS.as_bytes(), |_| true);
-        assert_eq!(all.len(), 6);
+        assert_eq!(all.len(), 8);
         assert_eq!((all[1].start, &*all[1].perms), (0x5626, "r-xp"));
-        assert_eq!((all[5].start, all[5].anonymous), (0x7f01, Some(100 * 1024)));
+        assert_eq!((all[5].start, all[5].swapped), (0x562b, Some(16 * 1024)));
+        assert_eq!((all[7].start, all[7].anonymous), (0x7f01, Some(100 * 1024)));
     }
 
     #[test]
     fn mappings_not_kept_lend_their_fields_to_none() {
         // The anonymous mapping's `Rss:` must not land on the binary's mapping before it.
         let ours = mappings(SMAPS.as_bytes(), |path| path == "/opt/wasmop");
-        assert_eq!(ours.len(), 5);
+        assert_eq!(ours.len(), 7);
         assert_eq!(
             (ours[4].start, ours[4].resident, ours[4].anonymous),
             (0x562a, 8 * 1024, None)
