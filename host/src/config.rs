@@ -82,10 +82,10 @@ pub const MAX_INSTANCES: u32 = 64;
 /// for this replica to lead or hold its shard, is tried again this often.
 pub const FINALIZER_SWEEP: Duration = Duration::from_secs(60);
 
-/// How often `wasmop run` hands back the pages of its code (its binary's, its shared
-/// libraries'): those it runs come back on their next use, the rest (start-up's, a plugin
-/// load's, a burst's) stay out ([`crate::memory::release_code_pages`]). One release took
-/// 6–10 ms (reading `/proc/self/smaps`), then a fault per 64 KiB of code in use.
+/// How often `wasmop run` hands back the pages of its binary's code: those it runs come back on
+/// their next use, the rest (start-up's, a plugin load's, a burst's) stay out
+/// ([`crate::memory::release_code_pages`]). One release took 6–10 ms (reading
+/// `/proc/self/smaps`), then a fault per 64 KiB of code in use.
 pub const CODE_PAGES_RELEASE: Duration = Duration::from_secs(10);
 
 /// How often a plugin whose kinds are not served yet (a missing CRD) is checked again.
