@@ -81,7 +81,8 @@ pub struct Keeper {
     seen: HashMap<String, (String, Instant)>,
     // A shard given back: its fence is shut; its Lease is released on the next tick.
     releasing: Vec<Lease>,
-    // Shards given back, and when: left to the others for a Lease's duration.
+    // Shards given back (or whose Lease cannot be created), and when: left alone for a
+    // Lease's duration.
     given_back: HashMap<Shard, Instant>,
     // The other count whose live Leases keep this replica from taking shards, once logged.
     waiting_for: Option<u32>,
@@ -352,6 +353,9 @@ impl Keeper {
                         Some(shard) if shard.count() == count => {
                             view.holders.insert(shard, who);
                         }
+                        // This identity's own, from before a restart with another count:
+                        // that process is gone.
+                        Some(_) if who == self.identity => {}
                         Some(shard) => {
                             view.other_counts.insert(shard.count());
                         }
@@ -462,7 +466,9 @@ impl Keeper {
                 tracing::warn!(shard = %shard, "took the shard's Lease, but too late to use it")
             }
             // Another replica was faster, or a Lease of that name is not labelled as ours.
-            Err(kube::Error::Api(s)) if s.code == 409 && creating => self.stranger(&name).await,
+            Err(kube::Error::Api(s)) if s.code == 409 && creating => {
+                self.stranger(shard, &name).await
+            }
             Err(kube::Error::Api(s)) if s.code == 409 => {}
             Err(e) => {
                 tracing::warn!(shard = %shard, error = %crate::text::chain(&e), "taking a shard failed")
@@ -470,17 +476,18 @@ impl Keeper {
         }
     }
 
-    /// Logs, once, that Lease `name` exists without this group's label: no replica lists it,
-    /// so its shard cannot be held until it is labelled or deleted.
-    async fn stranger(&mut self, name: &str) {
-        if self.strangers.contains(name) {
-            return;
-        }
-        let Ok(Some(lease)) = self.api.get_opt(name).await else {
-            return;
-        };
-        let ours = lease.labels().get(GROUP_LABEL) == Some(&self.sharding.lease_prefix);
-        if !ours {
+    /// After creating `shard`'s Lease `name` failed: if a Lease of that name exists without
+    /// this group's label, no replica lists it, so the shard cannot be held until it is
+    /// deleted. Says so once, and leaves the shard alone for a Lease's duration so that the
+    /// takes of each tick go to shards that can be held.
+    async fn stranger(&mut self, shard: Shard, name: &str) {
+        if !self.strangers.contains(name) {
+            let Ok(Some(lease)) = self.api.get_opt(name).await else {
+                return;
+            };
+            if lease.labels().get(GROUP_LABEL) == Some(&self.sharding.lease_prefix) {
+                return;
+            }
             tracing::warn!(
                 lease = name,
                 label = GROUP_LABEL,
@@ -488,6 +495,7 @@ impl Keeper {
             );
             self.strangers.insert(name.to_string());
         }
+        self.given_back.insert(shard, Instant::now());
     }
 
     /// Marks a Lease free, as leader election does: no holder, a 1 s duration.
