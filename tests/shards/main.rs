@@ -1112,20 +1112,20 @@ async fn a_canary_and_a_preview_span_every_replicas_shards() {
 
 /// The holders of this world's live shard Leases, by Lease name (`…-<i>-of-<N>`): those whose
 /// holder is set. Leases released on SIGTERM name none.
-async fn lease_holders(world: &World) -> BTreeMap<String, String> {
-    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = world.host_ns.api();
+async fn lease_holders(
+    leases: &Api<k8s_openapi::api::coordination::v1::Lease>,
+) -> Result<BTreeMap<String, String>, kube::Error> {
     let selector = format!("{}=shard", keeper::ROLE_LABEL);
-    leases
+    Ok(leases
         .list(&ListParams::default().labels(&selector))
-        .await
-        .expect("shard Leases")
+        .await?
         .items
         .into_iter()
         .filter_map(|l| {
             let holder = l.spec?.holder_identity.filter(|h| !h.is_empty())?;
             Some((l.metadata.name?, holder))
         })
-        .collect()
+        .collect())
 }
 
 /// A rolling update that changes `--shards`: a replica of the new count takes nothing while
@@ -1148,31 +1148,21 @@ async fn a_change_of_shard_count_hands_over_without_two_writers() {
     wait_converged(&client, &parents).await;
 
     // Every Lease list from here on: which counts hold shards at once.
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = world.host_ns.api();
     let (stop, overlaps) = {
-        let stop = Arc::new(AtomicBool::new(false));
-        let (flag, world_ns) = (stop.clone(), world.host_ns.name().to_string());
-        let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
-            Api::namespaced(client.clone(), &world_ns);
+        let (stop, leases) = (Arc::new(AtomicBool::new(false)), leases.clone());
+        let flag = stop.clone();
         let task = tokio::spawn(async move {
             let (mut lists, mut both) = (0, Vec::new());
             while !flag.load(Ordering::Relaxed) {
-                let selector = format!("{}=shard", keeper::ROLE_LABEL);
-                if let Ok(list) = leases.list(&ListParams::default().labels(&selector)).await {
+                if let Ok(held) = lease_holders(&leases).await {
                     lists += 1;
-                    let counts: BTreeSet<String> = list
-                        .items
-                        .iter()
-                        .filter(|l| {
-                            l.spec
-                                .as_ref()
-                                .and_then(|s| s.holder_identity.as_deref())
-                                .is_some_and(|h| !h.is_empty())
-                        })
-                        .filter_map(|l| l.metadata.name.as_ref()?.rsplit_once("-of-"))
-                        .map(|(_, count)| count.to_string())
+                    let counts: BTreeSet<&str> = held
+                        .keys()
+                        .filter_map(|name| Some(name.rsplit_once("-of-")?.1))
                         .collect();
                     if counts.len() > 1 {
-                        both.push(counts);
+                        both.push(format!("{held:?}"));
                     }
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -1198,7 +1188,7 @@ async fn a_change_of_shard_count_hands_over_without_two_writers() {
     .await
     .unwrap_or_else(|e| panic!("{e}\nnew replica's log:\n{}", new.logs()));
     tokio::time::sleep(keeper::TICK * 3).await;
-    let held = lease_holders(&world).await;
+    let held = lease_holders(&leases).await.expect("shard Leases");
     assert!(
         held.keys().all(|name| name.ends_with("-of-4")) && held.len() == 4,
         "only the old count holds shards: {held:?}\nnew replica's log:\n{}",
@@ -1222,7 +1212,7 @@ async fn a_change_of_shard_count_hands_over_without_two_writers() {
         "the new replica to hold every shard of its count",
         common::TIMEOUT,
         || async {
-            let held = lease_holders(&world).await;
+            let held = lease_holders(&leases).await.expect("shard Leases");
             let all = held.len() == 6
                 && held
                     .iter()
@@ -1282,7 +1272,7 @@ async fn a_cluster_scoped_parent_sees_and_prunes_its_children_in_every_shard() {
     .await
     .expect("CRD established");
     let wasm = test_artifacts::read(test_artifacts::CLUSTER_PARENT);
-    let world = World::with_plugin(client.clone(), "clp", 8, "cluster-parent", wasm).await;
+    let mut world = World::with_plugin(client.clone(), "clp", 8, "cluster-parent", wasm).await;
 
     let args = ["--shards", "4", "--lease-duration-seconds", LEASE_SECONDS];
     let pods = ["wasmop-a", "wasmop-b"];
@@ -1291,26 +1281,26 @@ async fn a_cluster_scoped_parent_sees_and_prunes_its_children_in_every_shard() {
         .map(|p| world.host(p, &kubeconfig, &args))
         .collect();
     let holders = wait_balanced(&world, &pods, 4).await;
-    // Its children's namespaces are on both replicas' shards, not only the designated one.
-    let namespaces: Vec<String> = world
-        .namespaces
-        .iter()
-        .map(|ns| ns.name().to_string())
-        .collect();
+    // Its children's namespaces must include two on the other replica's shards (names are
+    // random): one kept, one dropped.
     let designated = Shard::all(4).into_iter().find(|s| s.holds("")).unwrap();
-    let elsewhere = namespaces.iter().filter(|ns| !designated.holds(ns)).count();
-    assert!(elsewhere > 0, "some namespace is off the designated shard");
     let other = pods
         .iter()
         .find(|p| holders.get(&designated.index()) != Some(&p.to_string()))
         .unwrap();
     let theirs = shards_of(&holders, other, 4);
-    assert!(
-        namespaces
+    let on_other = |ns: &str| theirs.iter().any(|s| s.holds(ns));
+    let names = |world: &World| -> Vec<String> {
+        world
+            .namespaces
             .iter()
-            .any(|ns| theirs.iter().any(|s| s.holds(ns))),
-        "some namespace is on the other replica's shards"
-    );
+            .map(|ns| ns.name().to_string())
+            .collect()
+    };
+    while names(&world).iter().filter(|ns| on_other(ns)).count() < 2 {
+        world.add_namespaces("clp", 1).await;
+    }
+    let namespaces = names(&world);
 
     let name = format!("{}-probe", world.host_ns.name());
     let probes = Api::<DynamicObject>::all_with(
@@ -1348,10 +1338,21 @@ async fn a_cluster_scoped_parent_sees_and_prunes_its_children_in_every_shard() {
         .await
         .unwrap_or_else(|e| panic!("{e}\n{}", hosts.iter().map(Host::logs).collect::<String>()));
 
-    // Dropping namespaces prunes their ConfigMaps, on every shard.
-    let (kept, dropped) = namespaces.split_at(namespaces.len() / 2);
-    put(kept.to_vec()).await;
-    for ns in dropped {
+    // Dropping namespaces prunes their ConfigMaps, on every shard: half of those on the other
+    // replica's shards and half of the rest.
+    let (mut kept, mut dropped) = (Vec::new(), Vec::new());
+    for side in [true, false] {
+        let of_side: Vec<&String> = namespaces
+            .iter()
+            .filter(|ns| on_other(ns) == side)
+            .collect();
+        for (i, ns) in of_side.into_iter().enumerate() {
+            if i % 2 == 0 { &mut kept } else { &mut dropped }.push(ns.clone());
+        }
+    }
+    assert!(dropped.iter().any(|ns| on_other(ns)) && kept.iter().any(|ns| on_other(ns)));
+    put(kept.clone()).await;
+    for ns in &dropped {
         let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
         testenv::wait_until(
             &format!("ConfigMap {ns}/{name} to be pruned"),
