@@ -223,14 +223,22 @@ pub fn probe_resource() -> ApiResource {
 
 /// A minimal kind for the adversarial test plugin (`tests/guests/adversarial`).
 pub fn probe_crd() -> Value {
+    test_crd("Probe", "Namespaced")
+}
+
+/// A minimal kind `kind` of group `test.wasmop.io`, any spec and status, of `scope`
+/// (`Namespaced` or `Cluster`).
+pub fn test_crd(kind: &str, scope: &str) -> Value {
+    let singular = kind.to_lowercase();
+    let plural = format!("{singular}s");
     json!({
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": "probes.test.wasmop.io"},
+        "metadata": {"name": format!("{plural}.test.wasmop.io")},
         "spec": {
             "group": "test.wasmop.io",
-            "names": {"kind": "Probe", "plural": "probes", "singular": "probe", "listKind": "ProbeList"},
-            "scope": "Namespaced",
+            "names": {"kind": kind, "plural": plural, "singular": singular, "listKind": format!("{kind}List")},
+            "scope": scope,
             "versions": [{
                 "name": "v1", "served": true, "storage": true,
                 "subresources": {"status": {}},

@@ -32,6 +32,8 @@ use common::{Host, http_get, install_crds, memcached_resource};
 const CONVERGE: Duration = Duration::from_secs(600);
 /// Shard Leases in these tests: short, so a dead replica's shards move quickly.
 const LEASE_SECONDS: &str = "6";
+/// Two replicas' names.
+const PAIR: [&str; 2] = ["wasmop-a", "wasmop-b"];
 
 /// A host namespace with the Memcached plugin, and namespaces for parents.
 struct World {
@@ -133,6 +135,18 @@ impl World {
 
     fn host(&self, pod: &str, kubeconfig: &Path, extra: &[&str]) -> Host {
         Host::start_everywhere_as(kubeconfig, self.host_ns.name(), pod, extra)
+    }
+
+    /// Replicas [`PAIR`] with `--shards 4`, this test's Leases and `extra`, once they share
+    /// the shards: the hosts, and who holds each shard.
+    async fn pair(&self, kubeconfig: &Path, extra: &[&str]) -> (Vec<Host>, BTreeMap<u32, String>) {
+        let args = ["--shards", "4", "--lease-duration-seconds", LEASE_SECONDS];
+        let args: Vec<&str> = args.iter().chain(extra).copied().collect();
+        let hosts = PAIR
+            .iter()
+            .map(|p| self.host(p, kubeconfig, &args))
+            .collect();
+        (hosts, wait_balanced(self, &PAIR, 4).await)
     }
 
     /// `n` Memcacheds of size 0 spread over `namespaces`: `(namespace, name)`.
@@ -580,20 +594,8 @@ async fn without_server_sharding_replicas_filter_and_write_as_one_host_does() {
     let mut world = World::new(client.clone(), "fb", 8).await;
 
     // One reconcile at a time per plugin, however many shards a replica holds.
-    let args = [
-        "--shards",
-        "4",
-        "--lease-duration-seconds",
-        LEASE_SECONDS,
-        "--concurrency",
-        "1",
-    ];
-    let pods = ["wasmop-a", "wasmop-b"];
-    let hosts: Vec<Host> = pods
-        .iter()
-        .map(|p| world.host(p, &kubeconfig, &args))
-        .collect();
-    let holders = wait_balanced(&world, &pods, 4).await;
+    let (hosts, holders) = world.pair(&kubeconfig, &["--concurrency", "1"]).await;
+    let pods = PAIR;
     let mut addrs = Vec::new();
     for host in &hosts {
         addrs.push(host.http_addr().await);
@@ -760,13 +762,9 @@ async fn a_plugin_deleted_while_shards_have_no_holder_still_has_its_finalizer_re
     let wasm = test_artifacts::read(test_artifacts::FINALIZING);
     let world = World::with_plugin(client.clone(), "fin", 12, "finalizing", wasm).await;
 
-    let args = ["--shards", "4", "--lease-duration-seconds", LEASE_SECONDS];
-    let pods = ["wasmop-a", "wasmop-b"];
-    let mut hosts: Vec<Option<Host>> = pods
-        .iter()
-        .map(|p| Some(world.host(p, &kubeconfig, &args)))
-        .collect();
-    let holders = wait_balanced(&world, &pods, 4).await;
+    let (hosts, holders) = world.pair(&kubeconfig, &[]).await;
+    let mut hosts: Vec<Option<Host>> = hosts.into_iter().map(Some).collect();
+    let pods = PAIR;
 
     // A Probe in every namespace, each holding its deletion on the plugin's finalizer.
     let probes: Vec<(String, String)> = world
@@ -929,14 +927,9 @@ async fn a_canary_and_a_preview_span_every_replicas_shards() {
     );
     world.grant("memcached", &v2).await;
 
-    let args = ["--shards", "4", "--lease-duration-seconds", LEASE_SECONDS];
-    let pods = ["wasmop-a", "wasmop-b"];
-    let hosts: Vec<Host> = pods
-        .iter()
-        .map(|p| world.host(p, &kubeconfig, &args))
-        .collect();
+    let (hosts, holders) = world.pair(&kubeconfig, &[]).await;
     let logs = || hosts.iter().map(Host::logs).collect::<Vec<_>>().join("\n");
-    let holders = wait_balanced(&world, &pods, 4).await;
+    let pods = PAIR;
     let parents = world.put_parents(&world.namespaces, 80).await;
     wait_all_on(&client, &parents, 1, logs).await;
     for pod in pods {
@@ -1133,9 +1126,9 @@ async fn lease_holders(
 /// every 200 ms, all along); once the old one leaves, the new one takes every shard and serves.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_change_of_shard_count_hands_over_without_two_writers() {
-    let cluster = testenv::shared().await.expect("control plane");
-    let client = cluster.client().await.expect("client");
-    let kubeconfig = cluster.kubeconfig_path().to_path_buf();
+    // A plane of its own: on the shared one, other tests' hosts would reconcile its
+    // Memcacheds too, and count them in their caches.
+    let (plane, client, kubeconfig) = sharded_plane().await;
     let world = World::new(client.clone(), "count", 6).await;
     let parents = world.put_parents(&world.namespaces, 12).await;
 
@@ -1238,6 +1231,8 @@ async fn a_change_of_shard_count_hands_over_without_two_writers() {
         "the Leases were watched all along ({lists} lists)"
     );
     assert!(both.is_empty(), "both counts held shards at once: {both:?}");
+    drop(new);
+    plane.stop().await.expect("the plane stops");
 }
 
 /// A cluster-scoped parent's world spans namespaces: the replica holding the shard of
@@ -1248,21 +1243,7 @@ async fn a_cluster_scoped_parent_sees_and_prunes_its_children_in_every_shard() {
     let cluster = testenv::shared().await.expect("control plane");
     let client = cluster.client().await.expect("client");
     let kubeconfig = cluster.kubeconfig_path().to_path_buf();
-    let crd = json!({
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": "clusterprobes.test.wasmop.io"},
-        "spec": {
-            "group": "test.wasmop.io",
-            "names": {"kind": "ClusterProbe", "plural": "clusterprobes", "singular": "clusterprobe", "listKind": "ClusterProbeList"},
-            "scope": "Cluster",
-            "versions": [{
-                "name": "v1", "served": true, "storage": true,
-                "subresources": {"status": {}},
-                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
-            }],
-        },
-    });
+    let crd = common::test_crd("ClusterProbe", "Cluster");
     testenv::apply_crd(
         &client,
         &serde_json::from_value(crd).unwrap(),
@@ -1274,13 +1255,8 @@ async fn a_cluster_scoped_parent_sees_and_prunes_its_children_in_every_shard() {
     let wasm = test_artifacts::read(test_artifacts::CLUSTER_PARENT);
     let mut world = World::with_plugin(client.clone(), "clp", 8, "cluster-parent", wasm).await;
 
-    let args = ["--shards", "4", "--lease-duration-seconds", LEASE_SECONDS];
-    let pods = ["wasmop-a", "wasmop-b"];
-    let hosts: Vec<Host> = pods
-        .iter()
-        .map(|p| world.host(p, &kubeconfig, &args))
-        .collect();
-    let holders = wait_balanced(&world, &pods, 4).await;
+    let (hosts, holders) = world.pair(&kubeconfig, &[]).await;
+    let pods = PAIR;
     // Its children's namespaces must include two on the other replica's shards (names are
     // random): one kept, one dropped.
     let designated = Shard::all(4).into_iter().find(|s| s.holds("")).unwrap();
