@@ -406,8 +406,12 @@ impl Keeper {
         match plan(&self.identity, count, &held, view, &self.shards, &cooling) {
             Plan::Keep => {}
             Plan::GiveBack(n) => {
+                let why = match waiting_for {
+                    Some(_) => "a larger --shards holds shards too",
+                    None => "balancing the replicas",
+                };
                 for _ in 0..n {
-                    self.give_back();
+                    self.give_back(why);
                 }
             }
             Plan::Take(free) => {
@@ -420,11 +424,11 @@ impl Keeper {
     }
 
     /// Gives back the highest shard held: its fence shuts now, its Lease goes next tick.
-    fn give_back(&mut self) {
+    fn give_back(&mut self, why: &str) {
         if let Some((shard, (lease, fence))) = self.held.pop_last() {
             fence.lose();
             self.given_back.insert(shard, Instant::now());
-            tracing::info!(shard = %shard, "giving the shard back to balance the replicas");
+            tracing::info!(shard = %shard, "giving the shard back: {why}");
             self.releasing.push(lease);
         }
     }
