@@ -215,9 +215,15 @@ pub async fn install_crds(client: &Client) {
 
 /// The test-only `Probe` kind.
 pub fn probe_resource() -> ApiResource {
+    test_resource("Probe")
+}
+
+/// The resource of [`test_crd`]'s kind `kind`.
+pub fn test_resource(kind: &str) -> ApiResource {
+    let plural = format!("{}s", kind.to_lowercase());
     ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("test.wasmop.io", "v1", "Probe"),
-        "probes",
+        &GroupVersionKind::gvk("test.wasmop.io", "v1", kind),
+        &plural,
     )
 }
 
@@ -229,8 +235,7 @@ pub fn probe_crd() -> Value {
 /// A minimal kind `kind` of group `test.wasmop.io`, any spec and status, of `scope`
 /// (`Namespaced` or `Cluster`).
 pub fn test_crd(kind: &str, scope: &str) -> Value {
-    let singular = kind.to_lowercase();
-    let plural = format!("{singular}s");
+    let (singular, plural) = (kind.to_lowercase(), test_resource(kind).plural);
     json!({
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",

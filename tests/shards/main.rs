@@ -330,6 +330,14 @@ fn most_in_flight(addrs: Vec<String>) -> (Arc<AtomicBool>, tokio::task::JoinHand
     (done, task)
 }
 
+/// The plane this binary's tests share (its API server does not shard lists and watches), a
+/// client of it and its kubeconfig.
+async fn shared_plane() -> (Client, PathBuf) {
+    let cluster = testenv::shared().await.expect("control plane");
+    let client = cluster.client().await.expect("client");
+    (client, cluster.kubeconfig_path().to_path_buf())
+}
+
 /// A plane of this test's own whose API server shards lists and watches, a client of it and
 /// its kubeconfig.
 async fn sharded_plane() -> (testenv::TestEnv, Client, PathBuf) {
@@ -588,9 +596,7 @@ async fn three_replicas_share_the_parents_and_take_over_a_dead_ones_shards() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn without_server_sharding_replicas_filter_and_write_as_one_host_does() {
-    let cluster = testenv::shared().await.expect("control plane");
-    let client = cluster.client().await.expect("client");
-    let kubeconfig = cluster.kubeconfig_path().to_path_buf();
+    let (client, kubeconfig) = shared_plane().await;
     let mut world = World::new(client.clone(), "fb", 8).await;
 
     // One reconcile at a time per plugin, however many shards a replica holds.
@@ -756,9 +762,7 @@ async fn without_server_sharding_replicas_filter_and_write_as_one_host_does() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_plugin_deleted_while_shards_have_no_holder_still_has_its_finalizer_released() {
     const FINALIZER: &str = "wasmop.io/finalizing";
-    let cluster = testenv::shared().await.expect("control plane");
-    let client = cluster.client().await.expect("client");
-    let kubeconfig = cluster.kubeconfig_path().to_path_buf();
+    let (client, kubeconfig) = shared_plane().await;
     let wasm = test_artifacts::read(test_artifacts::FINALIZING);
     let world = World::with_plugin(client.clone(), "fin", 12, "finalizing", wasm).await;
 
@@ -1240,9 +1244,7 @@ async fn a_change_of_shard_count_hands_over_without_two_writers() {
 /// those namespaces' shards, so it is shown all of them and prunes the ones it drops.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cluster_scoped_parent_sees_and_prunes_its_children_in_every_shard() {
-    let cluster = testenv::shared().await.expect("control plane");
-    let client = cluster.client().await.expect("client");
-    let kubeconfig = cluster.kubeconfig_path().to_path_buf();
+    let (client, kubeconfig) = shared_plane().await;
     let crd = common::test_crd("ClusterProbe", "Cluster");
     testenv::apply_crd(
         &client,
@@ -1279,13 +1281,8 @@ async fn a_cluster_scoped_parent_sees_and_prunes_its_children_in_every_shard() {
     let namespaces = names(&world);
 
     let name = format!("{}-probe", world.host_ns.name());
-    let probes = Api::<DynamicObject>::all_with(
-        client.clone(),
-        &kube::api::ApiResource::from_gvk_with_plural(
-            &kube::core::GroupVersionKind::gvk("test.wasmop.io", "v1", "ClusterProbe"),
-            "clusterprobes",
-        ),
-    );
+    let probes =
+        Api::<DynamicObject>::all_with(client.clone(), &common::test_resource("ClusterProbe"));
     let put = |namespaces: Vec<String>| {
         let probe = json!({"apiVersion": "test.wasmop.io/v1", "kind": "ClusterProbe",
                            "metadata": {"name": name}, "spec": {"namespaces": namespaces}});
