@@ -1184,18 +1184,25 @@ async fn a_change_of_shard_count_hands_over_without_two_writers() {
     )
     .await
     .unwrap_or_else(|e| panic!("{e}\nnew replica's log:\n{}", new.logs()));
-    tokio::time::sleep(keeper::TICK * 3).await;
+    // Then the tick that would take shards says why it takes none; one more tick after it
+    // would show a take (the sampler above watches all along too).
+    testenv::wait_for(
+        "the new replica to say why it waits",
+        common::TIMEOUT,
+        || async {
+            let waits = new.logs().contains(
+                "replicas run with --shards 4 hold shard Leases of this group; taking no shard",
+            );
+            Ok::<_, String>(waits.then_some(()))
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nnew replica's log:\n{}", new.logs()));
+    tokio::time::sleep(keeper::TICK).await;
     let held = lease_holders(&leases).await.expect("shard Leases");
     assert!(
         held.keys().all(|name| name.ends_with("-of-4")) && held.len() == 4,
         "only the old count holds shards: {held:?}\nnew replica's log:\n{}",
-        new.logs()
-    );
-    assert!(
-        new.logs().contains(
-            "replicas run with --shards 4 hold shard Leases of this group; taking no shard"
-        ),
-        "the new replica says why it waits:\n{}",
         new.logs()
     );
     let moved = resize_in(&client, &parents, &Shard::all(4), 2, 1).await;
