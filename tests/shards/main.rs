@@ -1318,6 +1318,31 @@ async fn a_cluster_scoped_parent_sees_and_prunes_its_children_in_every_shard() {
         .await
         .unwrap_or_else(|e| panic!("{e}\n{}", hosts.iter().map(Host::logs).collect::<String>()));
 
+    // The plugin's parents are all on one replica: only that one runs it and caches its
+    // kinds (the children across every shard); the other caches neither.
+    let caches = |metrics: String| -> Vec<String> {
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("wasmop_cache_objects{"))
+            .filter(|l| l.contains("kind=\"ClusterProbe.") || l.contains("kind=\"ConfigMap."))
+            .map(str::to_string)
+            .collect()
+    };
+    let host_of = |pod: &str| &hosts[pods.iter().position(|p| *p == pod).unwrap()];
+    let theirs_cached = caches(scrape(host_of(other)).await);
+    let designated_cached = caches(scrape(host_of(&holders[&designated.index()])).await);
+    println!(
+        "measured: the designated replica caches {designated_cached:?}, the other {theirs_cached:?}"
+    );
+    assert!(
+        designated_cached.iter().any(|l| l.contains("ConfigMap.")),
+        "the designated replica caches the children: {designated_cached:?}"
+    );
+    assert!(
+        theirs_cached.is_empty(),
+        "the other replica caches nothing of the plugin's: {theirs_cached:?}"
+    );
+
     // Dropping namespaces prunes their ConfigMaps, on every shard: half of those on the other
     // replica's shards and half of the rest.
     let (mut kept, mut dropped) = (Vec::new(), Vec::new());

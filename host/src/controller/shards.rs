@@ -5,6 +5,10 @@
 //! remembered, so that a shard taken later starts every plugin (and canary route) at once.
 //! A shard lost is stopped after its reconciles in flight, which its fence, already shut,
 //! keeps from writing.
+//!
+//! A plugin whose parents are cluster-scoped runs on the shard of cluster-scoped objects
+//! only ([`runs_on`]): it has no parents elsewhere, and there it watches its children across
+//! every shard. Its other shards report an empty share to a canary or preview.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -77,6 +81,13 @@ impl ShardedSupervisor {
         self.routes.remove(configmap);
     }
 
+    /// Whether `configmap`'s plugin runs, but not on `shard` (see [`runs_on`]).
+    fn idle_on(&self, shard: &Shard, configmap: &str) -> bool {
+        self.plugins
+            .get(configmap)
+            .is_some_and(|(_, kinds)| !runs_on(shard, kinds))
+    }
+
     fn each(&mut self) -> impl Iterator<Item = &mut Supervisor> {
         self.active.values_mut().map(|(_, s)| s)
     }
@@ -122,6 +133,9 @@ impl Supervise for ShardedSupervisor {
                 )
                 .with_slots(self.slots.clone());
                 for (configmap, (loaded, kinds)) in &self.plugins {
+                    if !runs_on(&shard, kinds) {
+                        continue;
+                    }
                     supervisor
                         .run(configmap, loaded.clone(), kinds.clone())
                         .await;
@@ -163,10 +177,20 @@ impl Supervise for ShardedSupervisor {
             };
             self.plugins
                 .insert(configmap.clone(), (loaded.clone(), kinds.clone()));
-            for supervisor in self.each() {
-                supervisor
-                    .run(&configmap, loaded.clone(), kinds.clone())
-                    .await;
+            for (shard, (_, supervisor)) in &mut self.active {
+                if runs_on(shard, &kinds) {
+                    supervisor
+                        .run(&configmap, loaded.clone(), kinds.clone())
+                        .await;
+                } else if supervisor.runs(&configmap) {
+                    // The version before had parents here (its parent kind was namespaced):
+                    // a restart stops it as a change of parent kind must, releasing their
+                    // finalizer, and the new one, with none here, stops too.
+                    supervisor
+                        .run(&configmap, loaded.clone(), kinds.clone())
+                        .await;
+                    supervisor.stop(&configmap).await;
+                }
             }
             activation
         }
@@ -245,9 +269,19 @@ impl Supervise for ShardedSupervisor {
     }
 
     fn shard_reports(&self, configmap: &str) -> Vec<(u32, Report)> {
+        let canary = self.routes.get(configmap).filter(|c| !c.preview);
         self.active
             .iter()
-            .filter_map(|(shard, (_, s))| Some((shard.index(), s.canary_report(configmap)?)))
+            .filter_map(|(shard, (_, s))| {
+                let report = match self.idle_on(shard, configmap) {
+                    true => canary.map(|c| Report {
+                        weight: c.weight,
+                        ..Report::default()
+                    }),
+                    false => s.canary_report(configmap),
+                };
+                Some((shard.index(), report?))
+            })
             .collect()
     }
 
@@ -261,9 +295,24 @@ impl Supervise for ShardedSupervisor {
     }
 
     fn shard_previews(&self, configmap: &str) -> Vec<(u32, PreviewReport)> {
+        let preview = self.routes.get(configmap).is_some_and(|c| c.preview);
         self.active
             .iter()
-            .filter_map(|(shard, (_, s))| Some((shard.index(), s.preview_report(configmap)?)))
+            .filter_map(|(shard, (_, s))| {
+                let report = match self.idle_on(shard, configmap) {
+                    true => preview.then(PreviewReport::default),
+                    false => s.preview_report(configmap),
+                };
+                Some((shard.index(), report?))
+            })
             .collect()
     }
+}
+
+/// Whether a plugin over `kinds` has a controller on `shard`: everywhere, unless its parents
+/// are cluster-scoped. Those all sit on the shard of the empty namespace, whose controller
+/// watches their children and related objects across every shard ([`Hub::whole`]); on the
+/// others it would hold watches of their kinds and never use them.
+fn runs_on(shard: &Shard, kinds: &Kinds) -> bool {
+    kinds.parent.namespaced || shard.holds("")
 }

@@ -84,6 +84,11 @@ impl Supervisor {
         self
     }
 
+    /// Whether a controller runs for `configmap`.
+    pub fn runs(&self, configmap: &str) -> bool {
+        self.running.contains_key(configmap)
+    }
+
     fn spawn(&self, configmap: &str, kinds: Kinds, loaded: Loaded) -> ControllerHandle {
         spawn(
             &self.hub,
