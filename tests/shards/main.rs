@@ -1369,6 +1369,33 @@ async fn a_cluster_scoped_parent_sees_and_prunes_its_children_in_every_shard() {
         .expect("pruned");
     }
     seen(kept.len()).await.expect("shown the kept ones");
+
+    // A preview spans every shard: those where the plugin runs no controller report no
+    // parents, so the preview is whole once the one parent is previewed and every shard has
+    // reported (until then its summary says how many have).
+    let wasm = test_artifacts::read(test_artifacts::CLUSTER_PARENT);
+    let preview = [(STRATEGY_ANNOTATION, "preview")];
+    world
+        .put_plugin("cluster-parent", &wasm, Some("unread: 1\n"), &preview)
+        .await;
+    let whole = |s: &str| s.starts_with("1 of 1 parents previewed") && !s.contains("reported");
+    let (summary, _) = testenv::wait_for("the preview to be whole", common::TIMEOUT, || async {
+        let all = world
+            .revisions()
+            .list("cluster-parent")
+            .await
+            .map_err(|e| e.to_string())?;
+        let preview = all
+            .iter()
+            .find(|r| r.number == 2)
+            .and_then(|r| r.preview.clone());
+        Ok::<_, String>(preview.filter(|(s, _)| whole(s)))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", hosts.iter().map(Host::logs).collect::<String>()));
+    println!(
+        "measured: the preview of a cluster-scoped parent's plugin over 2 replicas: {summary}"
+    );
     probes
         .delete(&name, &Default::default())
         .await
