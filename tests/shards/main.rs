@@ -171,6 +171,23 @@ impl World {
         Revisions::new(self.client.clone(), self.host_ns.name())
     }
 
+    /// The preview summary and diff on revision `number` of `configmap`'s plugin, if written.
+    async fn preview(
+        &self,
+        configmap: &str,
+        number: i64,
+    ) -> Result<Option<(String, String)>, String> {
+        let all = self
+            .revisions()
+            .list(configmap)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(all
+            .into_iter()
+            .find(|r| r.number == number)
+            .and_then(|r| r.preview))
+    }
+
     /// The Leases of this world's shards: index → holder.
     async fn holders(&self) -> BTreeMap<u32, String> {
         let prefix = wasmop::config::SHARD_LEASE_PREFIX;
@@ -996,15 +1013,7 @@ async fn a_canary_and_a_preview_span_every_replicas_shards() {
     let whole = format!("{n} of {n} parents previewed: {n} would change");
     let (summary, diff) =
         testenv::wait_for("the preview to cover every parent", CONVERGE, || async {
-            let all = world
-                .revisions()
-                .list("memcached")
-                .await
-                .map_err(|e| e.to_string())?;
-            let preview = all
-                .iter()
-                .find(|r| r.number == 3)
-                .and_then(|r| r.preview.clone());
+            let preview = world.preview("memcached", 3).await?;
             Ok::<_, String>(preview.filter(|(s, _)| s.starts_with(&whole)))
         })
         .await
@@ -1380,15 +1389,7 @@ async fn a_cluster_scoped_parent_sees_and_prunes_its_children_in_every_shard() {
         .await;
     let whole = |s: &str| s.starts_with("1 of 1 parents previewed") && !s.contains("reported");
     let (summary, _) = testenv::wait_for("the preview to be whole", common::TIMEOUT, || async {
-        let all = world
-            .revisions()
-            .list("cluster-parent")
-            .await
-            .map_err(|e| e.to_string())?;
-        let preview = all
-            .iter()
-            .find(|r| r.number == 2)
-            .and_then(|r| r.preview.clone());
+        let preview = world.preview("cluster-parent", 2).await?;
         Ok::<_, String>(preview.filter(|(s, _)| whole(s)))
     })
     .await
