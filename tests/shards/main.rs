@@ -1257,7 +1257,8 @@ async fn a_change_of_shard_count_hands_over_without_two_writers() {
 
 /// A cluster-scoped parent's world spans namespaces: the replica holding the shard of
 /// cluster-scoped objects sees its children in every namespace, whichever replica holds
-/// those namespaces' shards, so it is shown all of them and prunes the ones it drops.
+/// those namespaces' shards, so it is shown all of them and prunes the ones it drops. Only
+/// that replica runs the plugin; a preview of it is whole all the same.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cluster_scoped_parent_sees_and_prunes_its_children_in_every_shard() {
     let (client, kubeconfig) = shared_plane().await;
