@@ -347,6 +347,14 @@ fn most_in_flight(addrs: Vec<String>) -> (Arc<AtomicBool>, tokio::task::JoinHand
     (done, task)
 }
 
+/// Which of [`PAIR`] holds the shard of cluster-scoped objects, given `holders` of 4 shards.
+fn designated_of(holders: &BTreeMap<u32, String>) -> usize {
+    let designated = Shard::all(4).into_iter().find(|s| s.holds("")).unwrap();
+    PAIR.iter()
+        .position(|p| holders.get(&designated.index()).map(String::as_str) == Some(*p))
+        .expect("a replica holds every shard")
+}
+
 /// The plane this binary's tests share (its API server does not shard lists and watches), a
 /// client of it and its kubeconfig.
 async fn shared_plane() -> (Client, PathBuf) {
@@ -826,11 +834,7 @@ async fn a_plugin_deleted_while_shards_have_no_holder_still_has_its_finalizer_re
     }
 
     // Kill the replica holding the shard of cluster-scoped objects, then delete the plugin.
-    let designated = Shard::all(4).into_iter().find(|s| s.holds("")).unwrap();
-    let victim = pods
-        .iter()
-        .position(|p| holders.get(&designated.index()) == Some(&p.to_string()))
-        .expect("a replica holds every shard");
+    let victim = designated_of(&holders);
     let survivor = hosts[1 - victim].take().unwrap();
     let theirs = shards_of(&holders, pods[victim], 4);
     let orphaned = parents_in(&probes, &theirs);
@@ -959,11 +963,7 @@ async fn a_canary_and_a_preview_span_every_replicas_shards() {
             "{pod}'s shards hold none of the 12 namespaces: nothing would span replicas"
         );
     }
-    let designated = Shard::all(4).into_iter().find(|s| s.holds("")).unwrap();
-    let judge = pods
-        .iter()
-        .position(|p| holders[&designated.index()] == *p)
-        .unwrap();
+    let judge = designated_of(&holders);
     let follower = &hosts[1 - judge];
 
     // A bad candidate: settings the plugin cannot read, so each of its reconciles fails.
@@ -1275,14 +1275,10 @@ async fn a_cluster_scoped_parent_sees_and_prunes_its_children_in_every_shard() {
     let mut world = World::with_plugin(client.clone(), "clp", 8, "cluster-parent", wasm).await;
 
     let (hosts, holders) = world.pair(&kubeconfig, &[]).await;
-    let pods = PAIR;
     // Its children's namespaces must include two on the other replica's shards (names are
     // random): one kept, one dropped.
-    let designated = Shard::all(4).into_iter().find(|s| s.holds("")).unwrap();
-    let other = pods
-        .iter()
-        .find(|p| holders.get(&designated.index()) != Some(&p.to_string()))
-        .unwrap();
+    let designated = designated_of(&holders);
+    let other = PAIR[1 - designated];
     let theirs = shards_of(&holders, other, 4);
     let on_other = |ns: &str| theirs.iter().any(|s| s.holds(ns));
     let names = |world: &World| -> Vec<String> {
@@ -1338,9 +1334,8 @@ async fn a_cluster_scoped_parent_sees_and_prunes_its_children_in_every_shard() {
             .map(str::to_string)
             .collect()
     };
-    let host_of = |pod: &str| &hosts[pods.iter().position(|p| *p == pod).unwrap()];
-    let theirs_cached = caches(scrape(host_of(other)).await);
-    let designated_cached = caches(scrape(host_of(&holders[&designated.index()])).await);
+    let theirs_cached = caches(scrape(&hosts[1 - designated]).await);
+    let designated_cached = caches(scrape(&hosts[designated]).await);
     println!(
         "measured: the designated replica caches {designated_cached:?}, the other {theirs_cached:?}"
     );

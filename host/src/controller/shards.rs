@@ -81,11 +81,26 @@ impl ShardedSupervisor {
         self.routes.remove(configmap);
     }
 
-    /// Whether `configmap`'s plugin runs, but not on `shard` (see [`runs_on`]).
-    fn idle_on(&self, shard: &Shard, configmap: &str) -> bool {
-        self.plugins
-            .get(configmap)
-            .is_some_and(|(_, kinds)| !runs_on(shard, kinds))
+    /// Each shard's report on `configmap`: its controller's, or `idle` where the plugin runs
+    /// none (see [`runs_on`]); shards with neither are left out.
+    fn per_shard<R: Clone>(
+        &self,
+        configmap: &str,
+        idle: Option<R>,
+        report: impl Fn(&Supervisor) -> Option<R>,
+    ) -> Vec<(u32, R)> {
+        let kinds = self.plugins.get(configmap).map(|(_, kinds)| kinds);
+        self.active
+            .iter()
+            .filter_map(|(shard, (_, s))| {
+                let report = if kinds.is_some_and(|k| !runs_on(shard, k)) {
+                    idle.clone()
+                } else {
+                    report(s)
+                };
+                Some((shard.index(), report?))
+            })
+            .collect()
     }
 
     fn each(&mut self) -> impl Iterator<Item = &mut Supervisor> {
@@ -270,19 +285,11 @@ impl Supervise for ShardedSupervisor {
 
     fn shard_reports(&self, configmap: &str) -> Vec<(u32, Report)> {
         let canary = self.routes.get(configmap).filter(|c| !c.preview);
-        self.active
-            .iter()
-            .filter_map(|(shard, (_, s))| {
-                let report = match self.idle_on(shard, configmap) {
-                    true => canary.map(|c| Report {
-                        weight: c.weight,
-                        ..Report::default()
-                    }),
-                    false => s.canary_report(configmap),
-                };
-                Some((shard.index(), report?))
-            })
-            .collect()
+        let idle = canary.map(|c| Report {
+            weight: c.weight,
+            ..Report::default()
+        });
+        self.per_shard(configmap, idle, |s| s.canary_report(configmap))
     }
 
     fn preview_report(&self, configmap: &str) -> Option<PreviewReport> {
@@ -296,16 +303,8 @@ impl Supervise for ShardedSupervisor {
 
     fn shard_previews(&self, configmap: &str) -> Vec<(u32, PreviewReport)> {
         let preview = self.routes.get(configmap).is_some_and(|c| c.preview);
-        self.active
-            .iter()
-            .filter_map(|(shard, (_, s))| {
-                let report = match self.idle_on(shard, configmap) {
-                    true => preview.then(PreviewReport::default),
-                    false => s.preview_report(configmap),
-                };
-                Some((shard.index(), report?))
-            })
-            .collect()
+        let idle = preview.then(PreviewReport::default);
+        self.per_shard(configmap, idle, |s| s.preview_report(configmap))
     }
 }
 
