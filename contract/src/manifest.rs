@@ -70,9 +70,25 @@ impl KindRef {
             .map_or(self.api_version.as_str(), |(_, version)| version)
     }
 
-    /// Whether `other` is the same resource (same group and kind, any version).
+    /// Whether `other` is the same resource (same group and kind, any version). A kind that
+    /// Kubernetes serves under two groups is one resource: `v1 Event` and
+    /// `events.k8s.io/v1 Event` are the same objects.
     pub fn same_resource(&self, other: &KindRef) -> bool {
-        self.group() == other.group() && self.kind == other.kind
+        self.stored_group() == other.stored_group() && self.kind == other.kind
+    }
+
+    /// The group the API server stores this kind under, aliases folded.
+    fn stored_group(&self) -> &str {
+        match (self.group(), self.kind.as_str()) {
+            ("events.k8s.io", "Event") => "",
+            (group, _) => group,
+        }
+    }
+
+    /// Whether this is an Event, of either group: never a parent kind, since the host writes
+    /// Events about every reconcile and a plugin would be fed its own output.
+    pub fn is_event(&self) -> bool {
+        self.stored_group().is_empty() && self.kind == "Event"
     }
 }
 
@@ -281,7 +297,9 @@ impl Manifest {
     ///   DNS-1123 label) and every kind an UpperCamelCase identifier;
     /// - no kind is declared twice among the children, nor twice among the related kinds
     ///   (compared by group and kind);
-    /// - the parent kind is not a child kind.
+    /// - the parent kind is not a child kind;
+    /// - the parent kind is not `Event` (of either group): the host writes Events about each
+    ///   reconcile, so such a plugin would feed itself.
     ///
     /// A kind may be both a child and a related kind: they arrive in separate request maps.
     pub fn validate(&self) -> Result<(), ManifestError> {
@@ -309,6 +327,12 @@ impl Manifest {
             ));
         }
         check_kind("parent", &self.parent, &mut problems);
+        if self.parent.is_event() {
+            problems.push(format!(
+                "parent ({}) is an Event: the host writes Events about every reconcile, so a plugin on Events would be fed its own output",
+                self.parent
+            ));
+        }
         for (i, child) in self.children.iter().enumerate() {
             check_kind(&format!("children[{i}]"), child, &mut problems);
             if child.same_resource(&self.parent) {
@@ -463,6 +487,23 @@ mod tests {
             ("", "v1", "Pod.v1".into())
         );
         assert!(d.same_resource(&KindRef::new("apps/v1beta1", "Deployment")));
+        let (core, events) = (
+            KindRef::new("v1", "Event"),
+            KindRef::new("events.k8s.io/v1", "Event"),
+        );
+        assert!(core.same_resource(&events) && events.same_resource(&core));
+        assert!(core.is_event() && events.is_event());
+        assert!(!KindRef::new("example.com/v1", "Event").is_event());
+    }
+
+    #[test]
+    fn events_of_either_group_are_never_a_parent() {
+        for api_version in ["v1", "events.k8s.io/v1"] {
+            let mut m = manifest();
+            m.parent = KindRef::new(api_version, "Event");
+            let text = m.validate().unwrap_err().to_string();
+            assert!(text.contains("is an Event"), "{text}");
+        }
     }
 
     #[test]
