@@ -208,6 +208,11 @@ pub struct RunArgs {
     /// write. Changes to the parent are not delayed.
     #[arg(long, default_value_t = config::DEBOUNCE_MS)]
     pub debounce_ms: u64,
+    /// Objects each plugin may create a minute, with a burst of as many. A create past it
+    /// waits, and its parent says `CreateBudgetExceeded`: a chain of plugins and built-in
+    /// controllers that multiplies objects is slowed, not unbounded. Updates are not counted.
+    #[arg(long, default_value_t = config::CREATES_PER_MINUTE)]
+    pub creates_per_minute: u32,
     /// Where `/healthz` and `/readyz` are served.
     #[arg(long, default_value = config::PROBE_ADDR)]
     pub probe_addr: std::net::SocketAddr,

@@ -159,3 +159,13 @@ pub const TRANSIENT_RETRY_MAX: Duration = Duration::from_secs(8);
 /// server has answered its watch with 404 for this long: an apiserver that just started
 /// answers 404 for custom resources until it has read their CRDs.
 pub const KIND_GONE_AFTER: Duration = Duration::from_secs(10);
+
+/// How long the answer to "may this plugin's identity read this kind here" is kept: a grant or
+/// a revocation of a plugin's read takes effect within this time (`plugin::reads`).
+pub const READ_REVIEW_TTL: Duration = Duration::from_secs(30);
+
+/// Objects one plugin may create a minute, with a burst of as many (`--creates-per-minute`): a
+/// chain of plugins and built-in controllers that multiplies objects is slowed to this and
+/// reported (`apply::budget`). Generous: a host starting on 1000 new parents creates their
+/// children at once.
+pub const CREATES_PER_MINUTE: u32 = 3000;

@@ -35,6 +35,8 @@ pub trait WireObject: Serialize + Sized {
     fn namespace(&self) -> Option<&str>;
     /// `metadata.uid`.
     fn uid(&self) -> Option<&str>;
+    /// The keys of `metadata.labels`.
+    fn label_keys(&self) -> Vec<&str>;
     /// The object as a plugin gets it: without `managedFields`; with `metadata_only`, only
     /// `apiVersion`, `kind` and `metadata`.
     fn cleaned(self, metadata_only: bool) -> Self;
@@ -50,6 +52,12 @@ impl WireObject for Value {
     fn uid(&self) -> Option<&str> {
         str_at(self, "/metadata/uid")
     }
+    fn label_keys(&self) -> Vec<&str> {
+        self.pointer("/metadata/labels")
+            .and_then(Value::as_object)
+            .map(|l| l.keys().map(String::as_str).collect())
+            .unwrap_or_default()
+    }
     fn cleaned(self, metadata_only: bool) -> Self {
         clean(self, metadata_only)
     }
@@ -64,6 +72,9 @@ impl WireObject for Arc<Object> {
     }
     fn uid(&self) -> Option<&str> {
         Object::uid(self)
+    }
+    fn label_keys(&self) -> Vec<&str> {
+        self.labels().iter().map(|(k, _)| k).collect()
     }
     // Cached objects never hold managedFields; a metadata-only watch's are already cut.
     fn cleaned(self, metadata_only: bool) -> Self {

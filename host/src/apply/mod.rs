@@ -8,13 +8,14 @@
 //! Nothing is written for a child that is already as desired (see [`diff`]), so a resync at
 //! steady state makes no request at all.
 
+pub mod budget;
 pub mod diff;
 pub mod preview;
 pub mod prune;
 pub mod ssa;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Client;
@@ -23,6 +24,7 @@ use serde_json::Value;
 use crate::kinds::ResolvedKind;
 use crate::text::api_error;
 use crate::watch::{Cache, Object};
+use budget::Budget;
 
 /// What one pass over the children did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -74,6 +76,8 @@ pub struct Failures {
     pub errors: Vec<ChildError>,
     /// Names already taken.
     pub conflicts: Vec<Conflict>,
+    /// Creates held back by the plugin's create budget, and that budget a minute.
+    pub held_back: Option<(usize, u32)>,
 }
 
 /// The children of one parent: what the plugin wants and what the caches hold.
@@ -135,6 +139,8 @@ pub struct Planned<'a> {
     pub prune: Vec<(&'a ResolvedKind, Arc<Object>)>,
     /// Desired names taken by other objects.
     pub conflicts: Vec<Conflict>,
+    /// The plugin's name, as [`MANAGED_BY_LABEL`] carries it.
+    pub plugin: &'a str,
 }
 
 /// Gives a validated child what the host adds before applying it: the hash of the plugin's
@@ -148,7 +154,10 @@ pub fn prepare(child: &mut Value, owner: &OwnerReference, plugin: &str) {
 
 /// Decides what to apply and prune, from the caches, writing nothing.
 pub fn plan<'a>(children: Children<'a>) -> Planned<'a> {
-    let mut planned = Planned::default();
+    let mut planned = Planned {
+        plugin: children.plugin,
+        ..Planned::default()
+    };
     // Indexed, so matching desired to observed stays linear in the number of children. Only
     // this plugin's own children count as observed.
     let ours: Vec<HashMap<ChildKey, &Arc<Object>>> = children
@@ -224,11 +233,12 @@ pub fn plan<'a>(children: Children<'a>) -> Planned<'a> {
 }
 
 /// Applies and prunes what [`plan`] decided; keeps going past a failed child and returns
-/// every failure.
+/// every failure. Each create takes one from `budget`; a create it has none for is held back.
 pub async fn execute(
     client: &Client,
     planned: Planned<'_>,
     field_manager: &str,
+    budget: &Mutex<Budget>,
 ) -> Result<Report, Failures> {
     let mut report = Report {
         unchanged: planned.unchanged,
@@ -238,17 +248,51 @@ pub async fn execute(
         conflicts: planned.conflicts,
         ..Failures::default()
     };
+    let mut held_back = 0;
+    let plugin = planned.plugin;
     for a in planned.apply {
-        match ssa::apply(
+        let creating = a.current.is_none();
+        if creating && !budget.lock().expect("budget lock").take() {
+            held_back += 1;
+            continue;
+        }
+        let applied = ssa::apply(
             client,
             a.kind,
             a.namespace.as_deref(),
             &a.name,
             &a.object,
             field_manager,
+            creating,
         )
-        .await
-        {
+        .await;
+        let applied = match applied {
+            // The cache said the name was free: something took it since, or it is this
+            // plugin's own child whose watch event has not arrived yet.
+            Err(kube::Error::Api(e)) if creating && e.code == 409 => {
+                match taken_since(client, &a, plugin).await {
+                    Ok(None) => {
+                        ssa::apply(
+                            client,
+                            a.kind,
+                            a.namespace.as_deref(),
+                            &a.name,
+                            &a.object,
+                            field_manager,
+                            false,
+                        )
+                        .await
+                    }
+                    Ok(Some(conflict)) => {
+                        failures.conflicts.push(conflict);
+                        continue;
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            r => r,
+        };
+        match applied {
             Ok(()) => report.applied += 1,
             Err(source) => failures.errors.push(ChildError {
                 action: "apply",
@@ -271,7 +315,11 @@ pub async fn execute(
             }),
         }
     }
-    if failures.errors.is_empty() && failures.conflicts.is_empty() {
+    if held_back > 0 {
+        let per_minute = budget.lock().expect("budget lock").per_minute();
+        failures.held_back = Some((held_back, per_minute));
+    }
+    if failures.errors.is_empty() && failures.conflicts.is_empty() && held_back == 0 {
         Ok(report)
     } else {
         Err(failures)
@@ -282,9 +330,42 @@ pub async fn execute(
 pub async fn reconcile_children(
     client: &Client,
     children: Children<'_>,
+    budget: &Mutex<Budget>,
 ) -> Result<Report, Failures> {
     let field_manager = children.field_manager;
-    execute(client, plan(children), field_manager).await
+    execute(client, plan(children), field_manager, budget).await
+}
+
+/// After a create found its name taken: `None` when the object is this plugin's own child of
+/// this parent (the cache was behind), else the [`Conflict`] to report.
+async fn taken_since(
+    client: &Client,
+    a: &Apply<'_>,
+    plugin: &str,
+) -> Result<Option<Conflict>, kube::Error> {
+    let api = a.kind.api(client, a.namespace.as_deref());
+    let Some(found) = api.get_opt(&a.name).await? else {
+        return Ok(None);
+    };
+    let owner = a.object.pointer("/metadata/ownerReferences/0/uid");
+    let controlled = found.metadata.owner_references.iter().flatten().any(|o| {
+        o.controller == Some(true) && owner.and_then(serde_json::Value::as_str) == Some(&o.uid)
+    });
+    let ours = found
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(MANAGED_BY_LABEL))
+        .is_some_and(|p| p == plugin);
+    if controlled && ours {
+        return Ok(None);
+    }
+    Ok(Some(Conflict {
+        kind: a.kind.kind.kind.clone(),
+        namespace: a.namespace.clone().unwrap_or_default(),
+        name: a.name.clone(),
+        holder: "created by someone else after the host last looked".to_string(),
+    }))
 }
 
 /// Who holds an object whose name a child wants, for the conflict's message.

@@ -28,7 +28,13 @@ pub fn set_owner(child: &mut Value, owner: &OwnerReference) {
         serde_json::json!([serde_json::to_value(owner).expect("owner reference serialises")]);
 }
 
-/// Applies `child` with `field_manager`, taking over fields other managers hold.
+/// A resource version no stored object has: an apply that carries it creates the object or,
+/// if one exists, fails with a conflict instead of taking it over.
+const NO_OBJECT_YET: &str = "18446744073709551615";
+
+/// Applies `child` with `field_manager`, taking over fields other managers hold. With
+/// `create`, only creates it: an object of that name that appeared since the cache was read
+/// gives a 409 conflict and is left as it is.
 pub async fn apply(
     client: &Client,
     kind: &ResolvedKind,
@@ -36,13 +42,19 @@ pub async fn apply(
     name: &str,
     child: &Value,
     field_manager: &str,
+    create: bool,
 ) -> Result<(), kube::Error> {
     let api: Api<DynamicObject> = kind.api(client, namespace);
-    api.patch(
-        name,
-        &PatchParams::apply(field_manager).force(),
-        &Patch::Apply(child),
-    )
-    .await
-    .map(|_| ())
+    let params = PatchParams::apply(field_manager).force();
+    if create {
+        let mut child = child.clone();
+        child["metadata"]["resourceVersion"] = Value::from(NO_OBJECT_YET);
+        return api
+            .patch(name, &params, &Patch::Apply(&child))
+            .await
+            .map(|_| ());
+    }
+    api.patch(name, &params, &Patch::Apply(child))
+        .await
+        .map(|_| ())
 }

@@ -187,7 +187,8 @@ pub fn render(manifest: &Manifest, options: &Options) -> anyhow::Result<String> 
     Ok(format!(
         "# What the plugin {:?} needs in {scope}, printed by `wasmop rbac`:\n\
          # - ServiceAccount {}/{account} (from ConfigMap {configmap}),\n\
-         #   which makes every write for the plugin: children, status, finalizers, Events;\n\
+         #   which makes every write for the plugin (children, status, finalizers, Events)\n\
+         #   and must be allowed to read whatever the host hands the plugin;\n\
          # - what the host ({}) reads with its own identity;\n\
          # - the host's right to impersonate that one ServiceAccount.\n\
          # Resource plurals are guessed from kind names (compare with `kubectl api-resources`,\n\
@@ -367,9 +368,11 @@ mod tests {
         assert_eq!(
             rules(&docs[1]),
             [
-                "net.example.com: gateways,gateways/status [patch]",
+                "net.example.com: gateways [get,list,watch,patch]",
+                ": services,endpoints [get,list,watch,create,patch,delete]",
+                ": pods [get,list,watch]",
+                "net.example.com: gateways/status [patch]",
                 "net.example.com: gateways/finalizers [update]",
-                ": services,endpoints [create,patch,delete]",
                 "events.k8s.io: events [create,patch]",
             ]
         );

@@ -46,6 +46,7 @@ pub fn host_config(args: RunArgs) -> HostConfig {
             concurrency: args.concurrency.max(1),
             resync: Duration::from_secs(args.resync_seconds.max(1)),
             debounce: Duration::from_millis(args.debounce_ms),
+            creates_per_minute: args.creates_per_minute,
             ..Default::default()
         },
         sandbox: SandboxConfig {

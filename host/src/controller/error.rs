@@ -14,6 +14,7 @@ use std::fmt;
 use wasmop_contract::ValidationError;
 
 use crate::apply::{ChildError, Conflict};
+use crate::plugin::access::AccessError;
 use crate::sandbox::{PluginError, PluginErrorKind};
 use crate::text::{api_error, is_forbidden};
 use crate::watch::ObjKey;
@@ -51,6 +52,38 @@ pub enum ReconcileError {
         #[source]
         source: kube::Error,
     },
+    /// The plugin's own identity may not read its parent there, so the plugin is not called.
+    #[error(
+        "{account} may not list {resource} {}, so the plugin is not called; grant it with `wasmop rbac`",
+        .namespace.as_deref().map_or("cluster-wide".to_string(), |ns| format!("in namespace {ns}"))
+    )]
+    Unreadable {
+        /// `system:serviceaccount:<ns>:wasmop-plugin-<configmap>`.
+        account: String,
+        /// `memcacheds.cache.example.com`.
+        resource: String,
+        /// Where the parent is.
+        namespace: Option<String>,
+    },
+    /// Asking what the plugin may read failed; nothing is handed to it meanwhile.
+    #[error(transparent)]
+    Access(#[from] AccessError),
+    /// Creates the plugin's create budget held back (the rest was applied).
+    #[error(
+        "{held_back} children not created yet: the plugin may create {per_minute} objects a minute (--creates-per-minute)"
+    )]
+    CreateBudget {
+        /// Creates held back.
+        held_back: usize,
+        /// The budget.
+        per_minute: u32,
+    },
+    /// A desired child that would be the host's own object (in its namespace), which no
+    /// plugin may write.
+    #[error(
+        "the child {0} would be in the host's namespace, or one of the host's own objects there, which no plugin may write"
+    )]
+    HostNamespace(String),
     /// The reconcile's task panicked: a bug of the host, retried with backoff.
     #[error("the reconcile panicked: {0}")]
     Panicked(String),
@@ -80,6 +113,10 @@ impl ReconcileError {
             Self::Status(_) => "StatusWriteFailed",
             Self::Finalizer { .. } => "FinalizerUpdateFailed",
             Self::Panicked(_) => "InternalError",
+            Self::Unreadable { .. } => "Forbidden",
+            Self::Access(_) => "AccessReviewFailed",
+            Self::HostNamespace(_) => "InvalidPluginOutput",
+            Self::CreateBudget { .. } => "CreateBudgetExceeded",
         }
     }
 
@@ -105,13 +142,15 @@ impl ReconcileError {
         match self {
             Self::Apply(errors) => errors.iter().any(|e| transient(&e.source)),
             Self::Status(e) | Self::Finalizer { source: e, .. } => transient(e),
+            Self::Access(AccessError::Review { source, .. }) => transient(source),
             _ => false,
         }
     }
 
-    /// Whether the plugin's identity was refused a write (RBAC to grant it).
+    /// Whether the plugin's identity was refused a write or a read (RBAC to grant it).
     pub fn is_forbidden(&self) -> bool {
         match self {
+            Self::Unreadable { .. } => true,
             Self::Apply(errors) => errors.iter().any(|e| is_forbidden(&e.source)),
             Self::Status(e) | Self::Finalizer { source: e, .. } => is_forbidden(e),
             _ => false,
@@ -135,13 +174,19 @@ impl ReconcileError {
                 | PluginErrorKind::InvalidManifest(_)
                 | PluginErrorKind::Internal(_) => false,
             },
-            // Only a change of the object can help.
-            Self::Undecodable(_) | Self::InvalidSelector(_) | Self::InvalidOutput(_) => true,
+            // Only a change of the object (or of the plugin) can help.
+            Self::Undecodable(_)
+            | Self::InvalidSelector(_)
+            | Self::InvalidOutput(_)
+            | Self::HostNamespace(_) => true,
             // The cluster's state, not the plugin's: the holder may go away.
             Self::Apply(_)
             | Self::ChildConflict(_)
             | Self::Status(_)
             | Self::Finalizer { .. }
+            | Self::Unreadable { .. }
+            | Self::Access(_)
+            | Self::CreateBudget { .. }
             | Self::Panicked(_) => false,
         }
     }

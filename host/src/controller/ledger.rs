@@ -13,7 +13,12 @@
 //!
 //! A record is input like any ConfigMap: it is bounded, and what it names only widens what a
 //! plugin's own identity does to its own objects (prunes its children of a kind, takes a
-//! `wasmop.io/` finalizer off its parents).
+//! `wasmop.io/` finalizer off its parents). It is trusted only if the host made it: it carries
+//! [`RECORD_LABEL`], a `wasmop.io/` label that no plugin's child may carry, and no plugin's
+//! field manager has written it. One that fails this is ignored with a warning and replaced
+//! whole on the host's next write, never patched into trust. A record an older host made
+//! (without the label) is trusted while no plugin's field manager has touched it, and gets the
+//! label on the next write.
 
 use std::collections::BTreeMap;
 
@@ -31,6 +36,27 @@ pub const FINALIZERS: &str = "wasmop-finalizers";
 pub const MAX_KINDS: usize = 32;
 /// Finalizer records read at most.
 pub const MAX_FINALIZERS: usize = 1024;
+
+/// The label the host puts on its records, `host`.
+pub const RECORD_LABEL: &str = "wasmop.io/record";
+
+/// Field managers of plugins: `wasmop/<plugin>` (`Manifest::field_manager`).
+const PLUGIN_MANAGER_PREFIX: &str = "wasmop/";
+
+/// Whether `cm` is a record the host made (see the module's docs).
+pub fn made_by_host(cm: &ConfigMap) -> bool {
+    let label = cm
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(RECORD_LABEL));
+    let plugin_touched = cm.metadata.managed_fields.iter().flatten().any(|f| {
+        f.manager
+            .as_deref()
+            .is_some_and(|m| m.starts_with(PLUGIN_MANAGER_PREFIX))
+    });
+    !plugin_touched && label.is_none_or(|v| v == "host")
+}
 
 /// What every finalizer the host records starts with.
 const FINALIZER_PREFIX: &str = "wasmop.io/";
@@ -120,10 +146,29 @@ impl Ledger {
         }
     }
 
-    /// Every entry, by plugin ConfigMap (none without the ConfigMap).
+    /// Every entry, by plugin ConfigMap (none without the ConfigMap, or when the host did not
+    /// make it).
     async fn entries(&self) -> kube::Result<BTreeMap<String, String>> {
-        let cm = self.api.get_opt(self.name).await?;
-        Ok(cm.and_then(|cm| cm.data).unwrap_or_default())
+        Ok(self
+            .trusted()
+            .await?
+            .and_then(|cm| cm.data)
+            .unwrap_or_default())
+    }
+
+    /// The record, `None` when there is none or it is not the host's (then warned about).
+    async fn trusted(&self) -> kube::Result<Option<ConfigMap>> {
+        let Some(cm) = self.api.get_opt(self.name).await? else {
+            return Ok(None);
+        };
+        if made_by_host(&cm) {
+            return Ok(Some(cm));
+        }
+        tracing::warn!(
+            record = self.name,
+            "ignoring a record the host did not make (no {RECORD_LABEL}=host label, or written by a plugin); the host's next write replaces it"
+        );
+        Ok(None)
     }
 
     /// The kinds recorded for `configmap` (none without a record); `None` when the record
@@ -168,33 +213,64 @@ impl Ledger {
     /// its record.
     pub async fn write_finalizer(&self, configmap: &str, finalizer: Option<&Finalizer>) {
         let value = finalizer.map(Finalizer::format);
-        match self.entries().await {
-            Ok(data) if data.get(configmap) == value.as_ref() => {}
+        let labelled = |cm: &ConfigMap| {
+            cm.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(RECORD_LABEL))
+                .is_some()
+        };
+        match self.trusted().await {
+            Ok(Some(cm))
+                if labelled(&cm)
+                    && cm.data.as_ref().and_then(|d| d.get(configmap)) == value.as_ref() => {}
+            Ok(None) if value.is_none() => {}
             _ => self.put(configmap, value).await,
         }
     }
 
     /// Sets the entry of `configmap` (`None` removes it), creating the ConfigMap if need be.
+    /// A record the host did not make is deleted first and made anew, with this entry alone.
     async fn put(&self, configmap: &str, value: Option<String>) {
-        let patch = json!({"data": {configmap: value}});
-        let result = match self
-            .api
-            .patch(self.name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Err(kube::Error::Api(e)) if e.code == 404 && value.is_some() => {
-                let cm: ConfigMap = serde_json::from_value(json!({
-                    "metadata": {"name": self.name, "labels": {"app.kubernetes.io/part-of": "wasmop"}},
-                    "data": {configmap: value},
-                }))
-                .expect("a ConfigMap");
-                self.api
-                    .create(&PostParams::default(), &cm)
-                    .await
-                    .map(|_| ())
+        let labels = json!({"app.kubernetes.io/part-of": "wasmop", RECORD_LABEL: "host"});
+        let result = async {
+            if let Some(cm) = self.api.get_opt(self.name).await?
+                && !made_by_host(&cm)
+            {
+                tracing::warn!(
+                    record = self.name,
+                    "replacing a record the host did not make"
+                );
+                let precondition = kube::api::DeleteParams {
+                    preconditions: cm.metadata.uid.clone().map(|uid| kube::api::Preconditions {
+                        uid: Some(uid),
+                        resource_version: None,
+                    }),
+                    ..Default::default()
+                };
+                self.api.delete(self.name, &precondition).await?;
             }
-            r => r.map(|_| ()),
-        };
+            let patch = json!({"metadata": {"labels": labels}, "data": {configmap: value}});
+            match self
+                .api
+                .patch(self.name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Err(kube::Error::Api(e)) if e.code == 404 && value.is_some() => {
+                    let cm: ConfigMap = serde_json::from_value(json!({
+                        "metadata": {"name": self.name, "labels": labels},
+                        "data": {configmap: value},
+                    }))
+                    .expect("a ConfigMap");
+                    self.api
+                        .create(&PostParams::default(), &cm)
+                        .await
+                        .map(|_| ())
+                }
+                r => r.map(|_| ()),
+            }
+        }
+        .await;
         if let Err(e) = result {
             tracing::warn!(configmap, error = %e, record = self.name, "could not write the record");
         }
@@ -204,6 +280,36 @@ impl Ledger {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_record_the_host_made_is_trusted() {
+        let record = |labels: serde_json::Value, managers: &[&str]| -> ConfigMap {
+            let fields: Vec<serde_json::Value> = managers
+                .iter()
+                .map(|m| json!({"manager": m, "operation": "Apply"}))
+                .collect();
+            serde_json::from_value(json!({
+                "metadata": {"name": FINALIZERS, "labels": labels, "managedFields": fields},
+            }))
+            .unwrap()
+        };
+        assert!(made_by_host(&record(
+            json!({RECORD_LABEL: "host"}),
+            &["wasmop"]
+        )));
+        // An older host's, before the label.
+        assert!(made_by_host(&record(json!({}), &["kube-rs"])));
+        // Planted by a plugin as its child, with or without a forged label.
+        assert!(!made_by_host(&record(json!({}), &["wasmop/evil"])));
+        assert!(!made_by_host(&record(
+            json!({RECORD_LABEL: "host"}),
+            &["wasmop", "wasmop/evil"]
+        )));
+        assert!(!made_by_host(&record(
+            json!({RECORD_LABEL: "plugin"}),
+            &["kubectl"]
+        )));
+    }
 
     #[test]
     fn the_record_round_trips_and_is_bounded() {

@@ -34,11 +34,14 @@ use tokio::time::Instant;
 use tracing::Instrument;
 use wasmop_contract::Manifest;
 
+use crate::apply::budget::Budget;
 use crate::apply::preview::{Action, ParentPreview, describe as describe_preview};
 use crate::client::Fence;
 use crate::config;
 use crate::kinds::{self, Kinds, ResolvedKind};
 use crate::plugin::Loaded;
+use crate::plugin::access::Resource;
+use crate::plugin::reads::{HostNamespace, Reads, RequestKinds};
 use crate::plugin::rollout::{PreviewReport, Report, Tally, serves};
 use crate::telemetry::events::Events;
 use crate::text::truncate;
@@ -63,6 +66,8 @@ pub struct Config {
     pub resync: Duration,
     /// Retry delays after a failed reconcile.
     pub backoff: Backoff,
+    /// Objects each plugin may create a minute (see [`Budget`]).
+    pub creates_per_minute: u32,
 }
 
 impl Default for Config {
@@ -72,6 +77,7 @@ impl Default for Config {
             debounce: Duration::from_millis(config::DEBOUNCE_MS),
             resync: Duration::from_secs(config::RESYNC_SECONDS),
             backoff: Backoff::default(),
+            creates_per_minute: config::CREATES_PER_MINUTE,
         }
     }
 }
@@ -311,6 +317,12 @@ pub struct Shared {
     /// Per parent, the last request that changed nothing, and the requeue it asked for: the
     /// same request again needs no sandbox call (see [`reconcile`]).
     pub quiet: Mutex<HashMap<ObjKey, reconcile::Quiet>>,
+    /// What the plugin's identity may read: only that is handed to it.
+    pub reads: Reads,
+    /// The kinds of the plugin's requests as RBAC names them, for [`Reads::withhold`].
+    pub request_kinds: RequestKinds,
+    /// How many more objects this plugin may create now.
+    pub creates: Mutex<Budget>,
 }
 
 #[derive(Clone, Copy)]
@@ -364,7 +376,27 @@ pub fn spawn(
     // The identity is the ConfigMap's, so it stays the same across swaps. Every write passes
     // this controller's fence: the leader's, or the shard's on a sharded host.
     let writer = fence.guard(loaded.identity.client());
+    // Reviews are questions, not writes: they pass no fence.
+    let host_namespace = loaded.identity.namespace();
+    let reads = Reads::new(
+        loaded.identity.client().clone(),
+        HostNamespace {
+            name: host_namespace.to_string(),
+            served: hub.namespace() == Some(host_namespace),
+        },
+        &loaded.plugin.manifest().name,
+        crate::config::READ_REVIEW_TTL,
+    );
+    let request_kinds = kinds
+        .all_children()
+        .iter()
+        .chain(kinds.related.iter().map(|(k, _)| k))
+        .map(|k| (k.kind.key(), Resource::from(k)))
+        .collect();
     let shared = Arc::new(Shared {
+        reads,
+        request_kinds,
+        creates: Mutex::new(Budget::new(config.creates_per_minute)),
         events: Events::folding(writer.clone(), reporter),
         writer,
         parents: subs[0].1.cache().clone(),

@@ -36,6 +36,7 @@ use crate::apply::{self, Children};
 use crate::gather::{self, Observed};
 use crate::kinds::Kinds;
 use crate::plugin::Loaded;
+use crate::plugin::access::{self, Resource};
 use crate::sandbox::PluginError;
 use crate::status::{self, Ready};
 use crate::telemetry::metrics;
@@ -173,15 +174,23 @@ async fn steps(
     if let Some(error) = parent.undecodable() {
         return Err(ReconcileError::Undecodable(error.to_string()).into());
     }
+    // The host's own objects are out of every plugin's reach, whatever its rights.
+    if shared.reads.host().owns_object(parent) {
+        tracing::debug!("the host's own object is never a plugin's parent");
+        return Ok(Outcome::gone());
+    }
     let step = Step::new(shared, loaded, parent);
+    // 0b. Only a parent the plugin's own identity may read is handed to it.
+    step.may_read_parent().await?;
     // 1. Finalizer: deletion is the garbage collector's job unless the plugin asked to run.
     if !step.ensure_finalizer().await? {
         return Ok(Outcome::gone());
     }
     // 2. Related selectors.
     let selectors = step.related_selectors().await?;
-    // 3. Gather and call, unless the last reconcile of this very request changed nothing.
-    let encoded = step.encode(&selectors)?;
+    // 3. Gather what the plugin may read and call, unless the last reconcile of this very
+    // request changed nothing.
+    let encoded = step.encode(&selectors).await?;
     if !step.deleting
         && let Some(requeue_after) = step.quiet(&encoded)
     {
@@ -209,10 +218,15 @@ async fn steps(
     let applied = match step.apply_children(children).await {
         Ok(report) => report,
         Err(failures) => {
-            let error = if failures.errors.is_empty() {
-                ReconcileError::ChildConflict(failures.conflicts)
-            } else {
+            let error = if !failures.errors.is_empty() {
                 ReconcileError::Apply(failures.errors)
+            } else if let Some((held_back, per_minute)) = failures.held_back {
+                ReconcileError::CreateBudget {
+                    held_back,
+                    per_minute,
+                }
+            } else {
+                ReconcileError::ChildConflict(failures.conflicts)
             };
             return Err(Failure { error, status });
         }
@@ -343,8 +357,24 @@ impl<'a> Step<'a> {
         Ok(selectors)
     }
 
-    /// Gathers the request from the caches, as the guest will receive it.
-    fn encode(&self, selectors: &[RelatedSelector]) -> Result<String, PluginError> {
+    /// Fails unless the plugin's identity may read its parent where it is.
+    async fn may_read_parent(&self) -> Result<(), ReconcileError> {
+        let parent = &self.shared.kinds.parent;
+        let resource = Resource::from(parent);
+        let namespace = self.parent.namespace();
+        if self.shared.reads.may_read(&resource, namespace).await? {
+            return Ok(());
+        }
+        Err(ReconcileError::Unreadable {
+            account: self.loaded.identity.username(),
+            resource: access::Need::display_of(&resource),
+            namespace: namespace.map(str::to_string),
+        })
+    }
+
+    /// Gathers the request from the caches, as the guest will receive it: only what the
+    /// plugin's identity may read.
+    async fn encode(&self, selectors: &[RelatedSelector]) -> Result<String, ReconcileError> {
         let mut request = gather::request(
             self.manifest(),
             self.parent,
@@ -354,8 +384,16 @@ impl<'a> Step<'a> {
             &self.loaded.settings,
             self.deleting,
         );
+        let withheld = self
+            .shared
+            .reads
+            .withhold(&mut request, &self.shared.request_kinds)
+            .await?;
+        if withheld.objects > 0 {
+            tracing::debug!(objects = withheld.objects, from = ?withheld.from, "left out what the plugin may not read");
+        }
         gather::stamp(&mut request, self.manifest(), Timestamp::now());
-        self.loaded.plugin.encode(&request)
+        Ok(self.loaded.plugin.encode(&request)?)
     }
 
     /// Calls `reconcile` with an encoded request.
@@ -397,7 +435,22 @@ impl<'a> Step<'a> {
             scope_of: &scope_of,
             parent_scope: kinds.parent.scope(),
         };
-        validate::validate(&target, response).map_err(ReconcileError::InvalidOutput)
+        let validated =
+            validate::validate(&target, response).map_err(ReconcileError::InvalidOutput)?;
+        // A cluster-scoped parent's children may name any namespace, but never write what is
+        // the host's there.
+        if let Some(child) = validated.children.iter().find(|c| {
+            let at = |p| c.pointer(p).and_then(Value::as_str);
+            let labels = gather::WireObject::label_keys(*c);
+            self.shared.reads.host().owns(
+                at("/metadata/namespace"),
+                at("/metadata/name").unwrap_or_default(),
+                &labels,
+            )
+        }) {
+            return Err(ReconcileError::HostNamespace(describe_child(child)));
+        }
+        Ok(validated)
     }
 
     /// The desired children beside the observed ones, for [`apply`].
@@ -428,7 +481,8 @@ impl<'a> Step<'a> {
     async fn apply_children(&self, desired: Vec<Value>) -> Result<apply::Report, apply::Failures> {
         let field_manager = self.manifest().field_manager();
         let children = self.children(desired, &field_manager);
-        let report = apply::reconcile_children(&self.shared.writer, children).await?;
+        let report =
+            apply::reconcile_children(&self.shared.writer, children, &self.shared.creates).await?;
         if report != apply::Report::default() {
             tracing::info!(
                 applied = report.applied,
@@ -501,7 +555,8 @@ pub async fn preview(shared: &Shared, loaded: &Loaded, key: &ObjKey) -> Option<P
         )
         .await?;
         parse_selectors(&shared.kinds, &selectors)?;
-        let response = step.call(step.encode(&selectors)?).await?;
+        step.may_read_parent().await?;
+        let response = step.call(step.encode(&selectors).await?).await?;
         let validated = step.validate(response)?;
         let field_manager = step.manifest().field_manager();
         let planned = apply::plan(step.children(validated.children, &field_manager));
@@ -707,6 +762,17 @@ fn parse_selectors(
         }
     }
     Ok(parsed)
+}
+
+/// `Kind namespace/name` of a desired child, for messages.
+fn describe_child(child: &Value) -> String {
+    let at = |p| child.pointer(p).and_then(Value::as_str).unwrap_or("?");
+    format!(
+        "{} {}/{}",
+        at("/kind"),
+        at("/metadata/namespace"),
+        at("/metadata/name")
+    )
 }
 
 /// Gathers from the shared caches: children through the owner-UID index, related objects by

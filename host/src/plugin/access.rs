@@ -22,7 +22,8 @@ use kube::api::{Api, PostParams};
 use super::identity::Identity;
 use crate::kinds::{Kinds, ResolvedKind};
 
-/// What the host reads with its own identity: the parent, child and related kinds, watched.
+/// What the host reads with its own identity (the parent, child and related kinds, watched), and
+/// what the plugin's identity must be allowed to read for the host to hand it those objects.
 pub const READ_VERBS: &[&str] = &["get", "list", "watch"];
 /// What the plugin's identity does to the parent: a patch adds or removes its finalizer.
 pub const PARENT_VERBS: &[&str] = &["patch"];
@@ -89,6 +90,18 @@ impl Need {
         }
     }
 
+    /// A resource as `kubectl` names it: `deployments.apps`, `secrets`.
+    pub fn display_of(r: &Resource) -> String {
+        Need {
+            group: r.group.clone(),
+            resource: r.plural.clone(),
+            subresource: None,
+            verbs: Vec::new(),
+            namespaced: r.namespaced,
+        }
+        .display()
+    }
+
     /// The resource as `kubectl` names it: `deployments.apps`, `memcacheds.cache.example.com/status`.
     pub fn display(&self) -> String {
         let mut s = self.resource.clone();
@@ -143,7 +156,9 @@ pub fn needs(parent: &Resource, children: &[Resource], related: &[Resource]) -> 
     for r in std::iter::once(parent).chain(children).chain(related) {
         add(&mut host, r, None, READ_VERBS);
     }
-    let mut plugin = Vec::new();
+    // The plugin's identity reads the same kinds: the host hands it only what it may read
+    // (`reads`), so its account needs the reads as well as the host.
+    let mut plugin = host.clone();
     add(&mut plugin, parent, None, PARENT_VERBS);
     add(&mut plugin, parent, Some("status"), STATUS_VERBS);
     add(&mut plugin, parent, Some("finalizers"), FINALIZERS_VERBS);
@@ -319,7 +334,7 @@ async fn missing_of(
 }
 
 /// One SelfSubjectAccessReview, answered for whoever `client` authenticates as.
-async fn allowed(
+pub(crate) async fn allowed(
     client: &Client,
     need: &Need,
     verb: &str,
@@ -424,7 +439,7 @@ mod tests {
     }
 
     #[test]
-    fn the_host_reads_and_the_plugin_writes() {
+    fn the_host_and_the_plugin_read_and_the_plugin_writes() {
         let all = needs(
             &res("cache.example.com", "memcacheds"),
             &[res("apps", "deployments")],
@@ -441,14 +456,15 @@ mod tests {
         assert_eq!(
             shown(&all.plugin),
             [
-                "memcacheds.cache.example.com patch",
+                "memcacheds.cache.example.com get,list,watch,patch",
+                "deployments.apps get,list,watch,create,patch,delete",
+                "pods get,list,watch",
                 "memcacheds.cache.example.com/status patch",
                 "memcacheds.cache.example.com/finalizers update",
-                "deployments.apps create,patch,delete",
                 "events.events.k8s.io create,patch",
             ]
         );
-        assert_eq!(all.plugin[1].rbac_resource(), "memcacheds/status");
+        assert_eq!(all.plugin[3].rbac_resource(), "memcacheds/status");
     }
 
     #[test]

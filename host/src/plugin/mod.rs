@@ -1,5 +1,6 @@
 //! Plugins from ConfigMaps: read the bytes ([`source`]), compile and check them in the
-//! sandbox and check the host may do what they need ([`load`], [`access`]), and follow the
+//! sandbox and check the host may do what they need ([`load`], [`access`]), hand each only what its own
+//! identity may read ([`reads`]), and follow the
 //! ConfigMaps, handing every good version to whoever runs controllers ([`registry`]), each
 //! recorded as a revision in the cluster ([`revision`]) and rolled out as its ConfigMap asks
 //! ([`rollout`]). Compiled plugins are shared between the host's replicas ([`artifacts`]).
@@ -9,6 +10,7 @@ pub mod artifacts;
 pub mod identity;
 pub mod load;
 pub mod notice;
+pub mod reads;
 pub mod registry;
 pub mod revision;
 pub mod rollout;

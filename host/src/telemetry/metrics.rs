@@ -139,6 +139,8 @@ pub struct Metrics {
     pub cache_bytes: Family<CacheLabels, Gauge>,
     /// Shards this replica holds (a sharded host).
     pub shards_held: Gauge,
+    /// Access reviews asked as a plugin's identity, for what it may read (answers are cached).
+    pub access_reviews: Family<PluginLabels, Counter>,
 }
 
 /// The process-wide metrics.
@@ -172,6 +174,7 @@ impl Metrics {
             cache_objects: Family::default(),
             cache_bytes: Family::default(),
             shards_held: Gauge::default(),
+            access_reviews: Family::default(),
         };
         let r = &mut m.registry;
         r.register(
@@ -243,6 +246,11 @@ impl Metrics {
             "shards_held",
             "Shards this replica holds, on a host run with --shards",
             m.shards_held.clone(),
+        );
+        r.register(
+            "access_reviews",
+            "Access reviews asked as a plugin's identity for what it may read; answers are kept for a while, so a steady state asks none",
+            m.access_reviews.clone(),
         );
         m
     }
