@@ -50,6 +50,13 @@ const BUILDS: &[Build] = &[
                 "Puts a finalizer on every Probe and never releases it: `tests/guests/finalizing`.",
             ),
             (
+                "SNOOP",
+                "snoop",
+                "Parent Snoop (cluster-scoped) selecting every Secret and ConfigMap, `status` the \
+                 ones it was shown, a ConfigMap child for each of `spec.children`: \
+                 `tests/guests/snoop`.",
+            ),
+            (
                 "WRONG_VERSION",
                 "wrong_version",
                 "The plugin world at interface version 0.1.0, the one before: `tests/guests/wrong-version`.",

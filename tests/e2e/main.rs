@@ -16,5 +16,6 @@ mod in_process;
 mod leader;
 mod memcached;
 mod quiet;
+mod reads;
 mod rollout;
 mod swap;
