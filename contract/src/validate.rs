@@ -12,6 +12,9 @@
 //!   reference);
 //! - two children with the same group, kind, namespace and name;
 //! - any `metadata.ownerReferences` (the host sets owner references itself);
+//! - a `metadata.finalizers` entry other than the plugin's own finalizer (`wasmop.io/<name>`):
+//!   no controller would ever remove a foreign one, so the child would outlive its prune and
+//!   its parent's deletion;
 //! - a Secret of type `kubernetes.io/service-account-token`, always (it would mint a token);
 //! - `metadata.labels`/`annotations` that are not maps of strings, or that use the host's
 //!   `wasmop.io/` keys;
@@ -313,6 +316,7 @@ fn check_child(
     };
     let name = check_metadata(meta, v);
     let namespace = check_namespace(target, &kind, parent_ns, meta, v);
+    check_finalizers(target.manifest, &kind, namespace.as_deref(), &name, meta, v);
     (!name.is_empty()).then(|| {
         (
             kind.group().to_owned(),
@@ -384,6 +388,44 @@ fn check_metadata(meta: &mut Map<String, Value>, v: &mut ChildCheck) -> String {
         ));
     }
     name
+}
+
+/// A child may carry no finalizer but the plugin's own: nothing would remove another one, so
+/// the child would hang in deletion after its prune and its parent's deletion.
+fn check_finalizers(
+    manifest: &Manifest,
+    kind: &KindRef,
+    namespace: Option<&str>,
+    name: &str,
+    meta: &Map<String, Value>,
+    v: &mut ChildCheck,
+) {
+    let Some(finalizers) = meta.get("finalizers").filter(|f| !f.is_null()) else {
+        return;
+    };
+    let Some(finalizers) = finalizers.as_array() else {
+        v.refuse("metadata.finalizers must be a list of strings");
+        return;
+    };
+    let own = manifest.finalizer_name();
+    let foreign: Vec<String> = finalizers
+        .iter()
+        .filter(|f| f.as_str() != Some(own.as_str()))
+        .map(|f| match f.as_str() {
+            Some(text) => format!("{text:?}"),
+            None => f.to_string(),
+        })
+        .collect();
+    if !foreign.is_empty() {
+        let at = match namespace {
+            Some(ns) => format!("{ns}/{name}"),
+            None => name.to_owned(),
+        };
+        v.refuse(format!(
+            "{kind} {at} carries finalizer {}: a child may carry only its plugin's own ({own}), as nothing would remove another and the child would survive its prune and its parent's deletion",
+            foreign.join(", ")
+        ));
+    }
 }
 
 /// A response over the caps is refused before any child is looked at, so the work stays
@@ -812,6 +854,54 @@ mod tests {
         empty["metadata"]["ownerReferences"] = json!([]);
         let v = run(Scope::Namespaced, children(vec![empty])).unwrap();
         assert!(v.children[0]["metadata"].get("ownerReferences").is_none());
+    }
+
+    #[test]
+    fn only_the_plugins_own_finalizer_is_allowed_on_a_child() {
+        let mut foreign = cm("a");
+        foreign["metadata"]["finalizers"] = json!(["wasmop.io/demo", "example.com/keep"]);
+        let err = run(Scope::Namespaced, children(vec![foreign])).unwrap_err();
+        assert_eq!(
+            rules(err),
+            [
+                "child #0 (v1 ConfigMap a): v1 ConfigMap ns1/a carries finalizer \"example.com/keep\": a child may carry only its plugin's own (wasmop.io/demo), as nothing would remove another and the child would survive its prune and its parent's deletion"
+            ]
+        );
+        // Another plugin's finalizer is foreign too, and a cluster-scoped child is named
+        // without a namespace.
+        let mut role = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": {"name": "r", "finalizers": ["wasmop.io/other"]}});
+        refused(
+            Scope::Cluster,
+            children(vec![role.clone()]),
+            "ClusterRole r carries finalizer \"wasmop.io/other\"",
+        );
+        let mut odd = cm("b");
+        odd["metadata"]["finalizers"] = json!("example.com/keep");
+        refused(
+            Scope::Namespaced,
+            children(vec![odd]),
+            "child #0 (v1 ConfigMap b): metadata.finalizers must be a list of strings",
+        );
+        let mut number = cm("c");
+        number["metadata"]["finalizers"] = json!([7]);
+        refused(
+            Scope::Namespaced,
+            children(vec![number]),
+            "ConfigMap ns1/c carries finalizer 7",
+        );
+
+        // The plugin's own, none, an empty list or null pass.
+        role["metadata"]["finalizers"] = json!(["wasmop.io/demo"]);
+        run(Scope::Cluster, children(vec![role])).expect("its own finalizer");
+        let mut own = cm("a");
+        own["metadata"]["finalizers"] = json!(["wasmop.io/demo"]);
+        let mut empty = cm("b");
+        empty["metadata"]["finalizers"] = json!([]);
+        let mut null = cm("c");
+        null["metadata"]["finalizers"] = Value::Null;
+        run(Scope::Namespaced, children(vec![own, empty, null, cm("d")]))
+            .expect("no foreign finalizer");
     }
 
     #[test]

@@ -26,6 +26,22 @@ pub const MEMORY_MIB: u64 = 64;
 /// `wasmop.io/max-response-kib`).
 pub const MAX_RESPONSE_KIB: u64 = 4096;
 
+/// Most JSON values one response may hold (object keys count as values), counted before it
+/// is parsed: bytes alone do not bound the parse, as 4 MiB of `[0],[0],…` is a million arrays
+/// of a few hundred heap bytes each. A legitimate response is far below: at most 500 children
+/// (`wasmop_contract::validate::MAX_CHILDREN`) and 50 Events, and a Deployment with its pod
+/// template is one or two hundred values, so 250,000 leaves 500 values for each of 500
+/// children; a response of a million values is refused whole. Not an annotation: what the host
+/// parses is the host's to bound.
+pub const RESPONSE_MAX_VALUES: u64 = 250_000;
+
+/// Deepest nesting of objects and arrays in one response, counted with
+/// [`RESPONSE_MAX_VALUES`]. A child sits two levels down (`{"children":[…]}`) and a
+/// Kubernetes object nests about 20 deep (a CRD's schema a few more per level of properties),
+/// so 64 leaves a wide margin and stays well below `serde_json`'s own limit of 128, which the
+/// host's caches could not parse back anyway.
+pub const RESPONSE_MAX_DEPTH: u32 = 64;
+
 /// The values a plugin ConfigMap's `wasmop.io/deadline-ms` may take: up to one minute.
 pub const DEADLINE_MS_RANGE: std::ops::RangeInclusive<u64> = 1..=60_000;
 

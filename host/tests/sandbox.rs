@@ -434,6 +434,170 @@ fn the_hosts_memory_budget_bounds_a_plugin_whatever_its_cap() {
     assert_eq!(sandbox.memory_budget().in_use(), 0);
 }
 
+/// A `many` request: `count` copies of `element` as the response's children.
+fn many(element: &str, count: u64) -> WireRequest {
+    let mut req = request("many");
+    req.settings["element"] = json!(element);
+    req.settings["count"] = json!(count);
+    req
+}
+
+/// Set in the process [`a_million_values_are_refused_before_parsing_within_the_budget`]
+/// starts to measure itself alone.
+const MEASURE_ALONE: &str = "WASMOP_TEST_MEASURE_ALONE";
+
+/// A `/proc/self/status` field in KiB, as bytes.
+fn proc_status_bytes(field: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    let line = status
+        .lines()
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+        .unwrap_or_else(|| panic!("no {field} in /proc/self/status"));
+    let kib: u64 = line
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .expect("a size in kB");
+    kib << 10
+}
+
+#[test]
+fn a_million_values_are_refused_before_parsing_within_the_budget() {
+    if std::env::var_os(MEASURE_ALONE).is_none() {
+        // The other tests of this binary run in threads beside this one and would move the
+        // process's peak: run this one again, alone, in a process of its own.
+        let name = "a_million_values_are_refused_before_parsing_within_the_budget";
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([name, "--exact", "--nocapture", "--test-threads=1"])
+            .env(MEASURE_ALONE, "1")
+            .output()
+            .expect("running this test alone");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "alone, it failed:\n{text}");
+        assert!(text.contains("1 passed"), "it did not run alone:\n{text}");
+        return;
+    }
+    const BUDGET: u64 = 48 << 20;
+    let sandbox = Sandbox::new(SandboxConfig {
+        max_instances: 2,
+        cache_dir: None,
+        memory_budget: BUDGET,
+        ..SandboxConfig::default()
+    })
+    .unwrap();
+    // The default response cap: a million `[0]` are 4,000,000 bytes, within it.
+    let limits = Limits {
+        response_bytes: Limits::default().response_bytes,
+        ..LIMITS
+    };
+    let wasm = test_artifacts::read(test_artifacts::ADVERSARIAL);
+    let plugin = sandbox.load_blocking(&wasm, limits).unwrap();
+    // Warm every path first, so the peak below is the big call's alone.
+    let small = plugin.reconcile_blocking(&many("[0]", 1000)).unwrap();
+    assert_eq!(small.children.len(), 1000);
+    drop(small);
+
+    std::fs::write("/proc/self/clear_refs", "5").expect("resetting the peak RSS");
+    let before = proc_status_bytes("VmRSS");
+    let result = plugin.reconcile_blocking(&many("[0]", 1_000_000));
+    let growth = proc_status_bytes("VmHWM").saturating_sub(before);
+    eprintln!("peak RSS grew by {} KiB during the call", growth >> 10);
+
+    // What the call may add: the guest's linear memory, which the budget bounds, and the
+    // host's copy of the response (at most the 4 MiB cap), with 12 MiB to spare for the
+    // allocator and the call's thread. Parsing these 4 MB into values would take about
+    // 190 MiB on its own (186 bytes per `[0]`, measured).
+    let bound = BUDGET + limits.response_bytes + (12 << 20);
+    assert!(
+        growth < bound,
+        "peak RSS grew by {} MiB, more than {} MiB",
+        growth >> 20,
+        bound >> 20
+    );
+    let err = result.expect_err("a million values are refused");
+    assert_eq!(
+        err.kind,
+        PluginErrorKind::InvalidJson {
+            call: Call::Reconcile,
+            detail: "2000003 JSON values (object keys included); the host parses at most \
+                     250000 per response, so it was not parsed"
+                .into(),
+        },
+        "{err}"
+    );
+    assert_eq!(err.reason(), "InvalidPluginJson");
+    assert!(
+        err.to_string().starts_with("plugin adversarial (sha256:"),
+        "{err}"
+    );
+    assert_eq!(sandbox.memory_budget().in_use(), 0, "all given back");
+}
+
+#[test]
+fn a_response_nested_past_the_bound_is_refused_before_parsing() {
+    let plugin = adversarial();
+    // Inside `{"children":[…]}`: two levels more.
+    let deep = format!("{}{}", "[".repeat(70), "]".repeat(70));
+    let err = plugin.reconcile_blocking(&many(&deep, 1)).unwrap_err();
+    assert_eq!(
+        err.kind,
+        PluginErrorKind::InvalidJson {
+            call: Call::Reconcile,
+            detail: "nested 72 deep (past 64 at byte 75); the host parses at most 64 levels, \
+                     so it was not parsed"
+                .into(),
+        },
+        "{err}"
+    );
+    let at_bound = format!("{}{}", "[".repeat(62), "]".repeat(62));
+    let resp = plugin.reconcile_blocking(&many(&at_bound, 1)).unwrap();
+    assert_eq!(resp.children.len(), 1);
+    assert_still_works(&plugin);
+}
+
+#[test]
+fn parsing_a_response_draws_from_the_hosts_memory_budget() {
+    let sandbox = Sandbox::new(SandboxConfig {
+        max_instances: 2,
+        cache_dir: None,
+        memory_budget: 24 << 20,
+        ..SandboxConfig::default()
+    })
+    .unwrap();
+    let wasm = test_artifacts::read(test_artifacts::ADVERSARIAL);
+    let plugin = sandbox.load_blocking(&wasm, LIMITS).unwrap();
+    // 200,003 values, within the bound, but about 33 MiB to parse: more than the whole budget.
+    let err = plugin
+        .reconcile_blocking(&many("[0]", 100_000))
+        .unwrap_err();
+    let PluginErrorKind::Internal(detail) = &err.kind else {
+        panic!("expected the host's budget, got {err}");
+    };
+    assert!(
+        detail.starts_with("parsing the response from reconcile (200003 values) takes about "),
+        "{detail}"
+    );
+    assert!(
+        detail.ends_with(", more than the host's whole sandbox memory budget (24 MiB)"),
+        "{detail}"
+    );
+    assert_eq!(sandbox.memory_budget().in_use(), 0);
+    // Half as many fit, and the budget is whole again once the response is handed over.
+    let resp = plugin.reconcile_blocking(&many("[0]", 50_000)).unwrap();
+    assert_eq!(resp.children.len(), 50_000);
+    assert_eq!(sandbox.memory_budget().in_use(), 0);
+    // A host with more budget parses the bigger one.
+    let resp = adversarial()
+        .reconcile_blocking(&many("[0]", 100_000))
+        .unwrap();
+    assert_eq!(resp.children.len(), 100_000);
+}
+
 #[test]
 fn log_flood_is_bounded_and_the_call_succeeds() {
     let plugin = adversarial();

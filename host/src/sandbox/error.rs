@@ -122,11 +122,14 @@ pub enum PluginErrorKind {
     /// A component, but not of the `wasmop:plugin@0.2.0` world: a missing export, an import the
     /// host doesn't provide, or another interface version.
     WrongInterface(String),
-    /// The guest returned text that is not the JSON the contract asks for.
+    /// The guest returned text that is not the JSON the contract asks for: malformed, or with
+    /// more values or deeper nesting than the host parses
+    /// ([`crate::config::RESPONSE_MAX_VALUES`], [`crate::config::RESPONSE_MAX_DEPTH`]; then it
+    /// was not parsed at all).
     InvalidJson {
         /// The export that returned it.
         call: Call,
-        /// The parser's complaint.
+        /// The parser's complaint, or what was counted and the bound.
         detail: String,
     },
     /// Well-formed output that breaks the contract (e.g. a selector for an undeclared kind).

@@ -1,5 +1,7 @@
 //! What one plugin call may use: wall-clock time (an epoch deadline), linear memory (a
 //! [`ResourceLimiter`] per store) and response size (checked before any JSON is parsed).
+//! The host's [`MemoryBudget`] is drawn from by every store's growth and, through a
+//! [`Held`], by the parse of every response.
 //!
 //! The memory limiter refuses growth past the cap the way an allocator expects (`memory.grow`
 //! returns -1) and remembers that it did: a Rust guest then prints "memory allocation failed"
@@ -121,6 +123,29 @@ impl MemoryBudget {
 
     fn give(&self, bytes: u64) {
         self.used.fetch_sub(bytes, Ordering::AcqRel);
+    }
+
+    /// Holds `bytes` of the budget outside any store (what parsing a response will allocate on
+    /// the host's heap) until the [`Held`] is dropped; `None` when they do not fit now.
+    pub(crate) fn hold(self: &Arc<Self>, bytes: u64) -> Option<Held> {
+        self.try_take(bytes).then(|| Held {
+            budget: Arc::clone(self),
+            bytes,
+        })
+    }
+}
+
+/// Bytes of the [`MemoryBudget`] held for host-side work of a call; given back when dropped.
+#[derive(Debug)]
+#[must_use = "the bytes are given back as soon as this is dropped"]
+pub(crate) struct Held {
+    budget: Arc<MemoryBudget>,
+    bytes: u64,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.budget.give(self.bytes);
     }
 }
 
@@ -260,5 +285,28 @@ mod tests {
         assert_eq!(budget.in_use(), 1 << 20);
         drop(two);
         assert_eq!(budget.in_use(), 0);
+    }
+
+    #[test]
+    fn a_hold_shares_the_budget_with_stores_and_gives_it_back() {
+        let budget = Arc::new(MemoryBudget::new(3 << 20));
+        let mut store = MemoryLimiter::new(64 << 20, budget.clone());
+        assert!(store.memory_growing(0, 2 << 20, None).unwrap());
+        assert!(budget.hold(2 << 20).is_none(), "only 1 MiB left");
+        assert_eq!(budget.in_use(), 2 << 20, "a refused hold takes nothing");
+        let held = budget.hold(1 << 20).expect("1 MiB fits");
+        assert!(
+            !store.memory_growing(2 << 20, 3 << 20, None).unwrap(),
+            "the hold counts against stores too"
+        );
+        assert!(store.budget_hit());
+        drop(held);
+        assert_eq!(budget.in_use(), 2 << 20);
+        drop(store);
+        assert_eq!(budget.in_use(), 0);
+        assert!(
+            budget.hold(4 << 20).is_none(),
+            "never more than the whole budget"
+        );
     }
 }

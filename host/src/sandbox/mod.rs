@@ -14,7 +14,10 @@
 //! 5. validate the manifest (`wasmop_contract::Manifest::validate`).
 //!
 //! Every call then runs in a fresh store and instance (`invoke.rs`) with the plugin's
-//! [`Limits`]: a deadline, a memory cap and a response-size cap. A call that fails, however
+//! [`Limits`]: a deadline, a memory cap and a response-size cap. Before a response is parsed,
+//! one pass over its bytes (`scan.rs`) refuses more values or deeper nesting than the host's
+//! bounds, and the parse's cost is held from the same memory budget as the stores'. A call
+//! that fails, however
 //! badly, leaves the plugin usable for the next one. Failures are typed ([`PluginErrorKind`]),
 //! each with a reason string for Events.
 //!
@@ -38,6 +41,7 @@ mod limits;
 mod manifest;
 mod output;
 mod plugin;
+mod scan;
 mod shared;
 mod wasi;
 

@@ -5,6 +5,10 @@
 //! `async`, which hand the blocking call to `tokio::task::spawn_blocking` (synchronous WASI must
 //! not run on a runtime worker) inside the caller's tracing span. Both wait for a free slot of
 //! the sandbox's instance pool first.
+//!
+//! A response is parsed only after its size, its count of values and its depth passed the
+//! bounds (`scan.rs`), and only while the host's memory budget holds what the parse will
+//! allocate: until the parsed response is handed to the caller.
 
 use std::sync::Arc;
 
@@ -15,10 +19,12 @@ use wasmop_contract::{Manifest, RelatedSelector};
 use wasmtime::Engine;
 
 use super::bindings::PluginPre;
-use super::error::{Call, PluginError, PluginErrorKind};
+use super::error::{Call, PluginError, PluginErrorKind, human_bytes};
 use super::invoke::{CallState, Invocation};
-use super::limits::{Limits, Shared};
+use super::limits::{Held, Limits, Shared};
 use super::manifest::{SelectorProblem, selector_from_wit};
+use super::scan::Shape;
+use crate::config::{RESPONSE_MAX_DEPTH, RESPONSE_MAX_VALUES};
 use crate::text::truncate;
 
 /// Longest guest error message kept in a [`PluginErrorKind::PluginFailed`].
@@ -222,6 +228,15 @@ impl Plugin {
                 ),
             }));
         }
+        // The selectors are one response: their values count together, each nests on its own.
+        let mut shape = Shape::default();
+        for (index, selector) in wire.iter().enumerate() {
+            let one = Shape::of(selector.label_selector.as_bytes(), RESPONSE_MAX_DEPTH);
+            one.check(u64::MAX, RESPONSE_MAX_DEPTH)
+                .map_err(|excess| self.too_complex(call, format!("selector #{index}: {excess}")))?;
+            shape = shape.plus(one);
+        }
+        let _held = self.admit(call, shape, size)?;
         wire.into_iter()
             .map(|s| {
                 selector_from_wit(&self.inner.manifest, s).map_err(|p| {
@@ -250,12 +265,47 @@ impl Plugin {
             .map_err(|kind| self.error(kind))?
             .map_err(|message| self.failed(call, message))?;
         self.check_size(call, json.len())?;
+        let shape = Shape::of(json.as_bytes(), RESPONSE_MAX_DEPTH);
+        let _held = self.admit(call, shape, json.len())?;
         serde_json::from_str(&json).map_err(|e| {
             self.error(PluginErrorKind::InvalidJson {
                 call,
                 detail: e.to_string(),
             })
         })
+    }
+
+    /// Refuses a response past the value and depth bounds (the guest's fault), then holds what
+    /// parsing it will allocate from the host's memory budget, or fails as the host's fault
+    /// (retried) when the budget cannot give it now, as a store's growth past it does.
+    fn admit(&self, call: Call, shape: Shape, len: usize) -> Result<Held, PluginError> {
+        shape
+            .check(RESPONSE_MAX_VALUES, RESPONSE_MAX_DEPTH)
+            .map_err(|excess| self.too_complex(call, excess.to_string()))?;
+        let cost = shape.parse_cost(len);
+        let budget = &self.inner.shared.budget;
+        budget.hold(cost).ok_or_else(|| {
+            let need = format!(
+                "parsing the response from {call} ({} values) takes about {}",
+                shape.values,
+                human_bytes(cost)
+            );
+            self.error(PluginErrorKind::Internal(if cost > budget.limit() {
+                format!(
+                    "{need}, more than the host's whole sandbox memory budget ({})",
+                    human_bytes(budget.limit())
+                )
+            } else {
+                format!(
+                    "{need}, and the host's sandbox memory budget ({}) was taken by other calls",
+                    human_bytes(budget.limit())
+                )
+            }))
+        })
+    }
+
+    fn too_complex(&self, call: Call, detail: String) -> PluginError {
+        self.error(PluginErrorKind::InvalidJson { call, detail })
     }
 
     fn check_size(&self, call: Call, size: usize) -> Result<(), PluginError> {

@@ -175,6 +175,22 @@ impl Guest for Adversarial {
                 child["data"]["calls"] = json!(calls.to_string());
                 child["data"]["staleBytes"] = json!(stale.to_string());
             }
+            // `settings.count` copies of `settings.element` as children, written out as text:
+            // a few bytes each, a million within the default response cap.
+            "many" => {
+                let element = req["settings"]["element"].as_str().unwrap_or("[0]");
+                let count = req["settings"]["count"].as_u64().unwrap_or(1_000_000) as usize;
+                let mut out = String::with_capacity(count * (element.len() + 1) + 16);
+                out.push_str("{\"children\":[");
+                for i in 0..count {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(element);
+                }
+                out.push_str("]}");
+                return Ok(out);
+            }
             "flood" => {
                 let children: Vec<Value> = (0..10_000)
                     .map(|i| json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": format!("{name}-{i}")}}))
