@@ -17,4 +17,5 @@ mod leader;
 mod memcached;
 mod quiet;
 mod rollout;
+mod sources;
 mod swap;
