@@ -86,6 +86,21 @@ pub const COMPILE_TIMEOUT: Duration = Duration::from_secs(60);
 /// flood of slow modules cannot take every core (each compile is parallel inside already).
 pub const COMPILE_SLOTS: usize = 2;
 
+/// The largest module a plugin ConfigMap may hold, inflated, in MiB: a `.wasm.gz` whose gzip
+/// trailer declares more, or that inflates past what it declares, is refused (a gzip bomb).
+/// The compiler child refuses the same.
+pub const MODULE_MAX_MIB: u64 = 64;
+/// Inflated module bytes that plugin loads may hold at once, in MiB: those being inflated,
+/// waiting for a compile slot ([`COMPILE_SLOTS`]) or being compiled. A load reserves its
+/// module's size (a `.wasm.gz`'s as its gzip trailer declares it, the most it is let inflate
+/// to) before inflating anything; one that would pass the budget waits, in order, for earlier
+/// loads to end, so however many plugin ConfigMaps arrive at once the host never holds more
+/// than this for their sources. It is [`MODULE_MAX_MIB`], so the largest module always loads
+/// (alone), and small ones load side by side. Outside it: the stored (gzipped) form each
+/// ConfigMap keeps while its version runs or waits (at most a ConfigMap's size), and the copy
+/// a child compiler is sent while it compiles.
+pub const MODULE_BUDGET_MIB: u64 = MODULE_MAX_MIB;
+
 /// How long a host waits for a compiled artifact another replica shared before compiling the
 /// plugin itself.
 pub const ARTIFACT_FETCH_TIMEOUT: Duration = Duration::from_secs(5);

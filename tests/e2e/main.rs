@@ -18,4 +18,5 @@ mod memcached;
 mod quiet;
 mod reads;
 mod rollout;
+mod sources;
 mod swap;

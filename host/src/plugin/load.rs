@@ -4,17 +4,24 @@
 //!
 //! Nothing here keeps state or starts a controller: the registry decides what a result means
 //! for the plugin's slot, and the controller stage runs what loaded.
+//!
+//! The module is inflated here, from its stored form, only once the load holds its size of the
+//! [`ModuleBudget`] ([`config::MODULE_BUDGET_MIB`]): a load that would pass it waits its turn,
+//! so loads in flight or waiting for a compile slot never hold more inflated bytes than that,
+//! however many plugin ConfigMaps arrive at once. The bytes and the reservation go when the
+//! compile ends, whatever its result.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use kube::Client;
 use serde_json::Value;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::access::{self, AccessError, Missing};
 use super::identity::{Identity, NameTooLong};
 use super::notice::Notice;
-use super::source::PluginSource;
+use super::source::{PluginSource, SourceError};
 use crate::config;
 use crate::kinds::{self, Kinds, ResolveError};
 use crate::sandbox::{Plugin, PluginError, Sandbox};
@@ -64,6 +71,9 @@ impl Loaded {
 /// Why a version did not load.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
+    /// The module could not be taken out of its stored form.
+    #[error(transparent)]
+    Source(SourceError),
     /// The module is bad: not a component, the wrong interface, a bad manifest.
     #[error(transparent)]
     Plugin(PluginError),
@@ -88,9 +98,11 @@ impl LoadError {
     /// The Event it gives on the plugin's ConfigMap.
     pub fn notice(&self) -> Notice {
         match self {
-            Self::Plugin(_) | Self::Discovery(_) | Self::Unchecked(_) | Self::Identity(_) => {
-                Notice::LoadFailed
-            }
+            Self::Source(_)
+            | Self::Plugin(_)
+            | Self::Discovery(_)
+            | Self::Unchecked(_)
+            | Self::Identity(_) => Notice::LoadFailed,
             Self::WaitingForKinds(_) => Notice::WaitingForKinds,
             Self::Forbidden(_) => Notice::Forbidden,
         }
@@ -99,10 +111,51 @@ impl LoadError {
     /// When to try the same version again; `None` means only a new version can help.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            Self::Plugin(_) | Self::Discovery(_) | Self::Identity(_) => None,
+            Self::Source(_) | Self::Plugin(_) | Self::Discovery(_) | Self::Identity(_) => None,
             Self::WaitingForKinds(_) => Some(config::KIND_RETRY),
             Self::Forbidden(_) | Self::Unchecked(_) => Some(config::ACCESS_RETRY),
         }
+    }
+}
+
+/// Inflated module bytes that loads may hold at once: each reserves its module's size before
+/// inflating it, and waits, first come first served, while that would pass the total.
+#[derive(Clone)]
+pub struct ModuleBudget {
+    permits: Arc<Semaphore>,
+    total: u32,
+}
+
+impl ModuleBudget {
+    /// A budget of `bytes` (at most 4 GiB - 1).
+    pub fn new(bytes: u64) -> Self {
+        let total = u32::try_from(bytes).unwrap_or(u32::MAX);
+        ModuleBudget {
+            permits: Arc::new(Semaphore::new(total as usize)),
+            total,
+        }
+    }
+
+    /// The budget of `wasmop run`: [`config::MODULE_BUDGET_MIB`].
+    pub fn host() -> Self {
+        Self::new(config::MODULE_BUDGET_MIB << 20)
+    }
+
+    /// Waits until `bytes` fit beside what other loads hold, and holds them until dropped. More
+    /// than the whole budget (a module the source checks would have refused) waits for all of
+    /// it rather than forever.
+    pub async fn reserve(&self, bytes: u64) -> OwnedSemaphorePermit {
+        let n = u32::try_from(bytes).unwrap_or(u32::MAX).min(self.total);
+        self.permits
+            .clone()
+            .acquire_many_owned(n)
+            .await
+            .expect("the budget's semaphore is never closed")
+    }
+
+    /// Bytes free now.
+    pub fn available(&self) -> u64 {
+        self.permits.available_permits() as u64
     }
 }
 
@@ -116,6 +169,8 @@ pub struct Loader {
     watch_namespace: Option<String>,
     // The resync of plugins whose ConfigMap sets none.
     resync: Duration,
+    // What inflated modules may take at once.
+    budget: ModuleBudget,
 }
 
 impl Loader {
@@ -133,16 +188,19 @@ impl Loader {
             sandbox,
             watch_namespace,
             resync,
+            budget: ModuleBudget::host(),
         }
     }
 
     /// Compiles and probes `source`, resolves its kinds and checks the host may serve them.
-    pub async fn load(&self, source: PluginSource) -> Result<(Loaded, Kinds), LoadError> {
-        let plugin = self
-            .sandbox
-            .load(source.wasm.clone(), source.limits)
-            .await
-            .map_err(LoadError::Plugin)?;
+    /// The module is inflated from its stored form (unless `source` holds it already) once its
+    /// size fits the budget, and dropped with its reservation when the compile ends.
+    pub async fn load(&self, mut source: PluginSource) -> Result<(Loaded, Kinds), LoadError> {
+        let plugin = {
+            let (wasm, _held) = self.module(&mut source).await?;
+            self.sandbox.load(wasm, source.limits).await
+        }
+        .map_err(LoadError::Plugin)?;
         let kinds = kinds::resolve(&self.client, plugin.manifest())
             .await
             .map_err(|e| match e {
@@ -175,9 +233,87 @@ impl Loader {
     }
 }
 
+impl Loader {
+    /// The inflated module of `source` and its reservation of the budget, taken first.
+    async fn module(
+        &self,
+        source: &mut PluginSource,
+    ) -> Result<(Vec<u8>, OwnedSemaphorePermit), LoadError> {
+        let held = std::mem::take(&mut source.wasm);
+        let size = if held.is_empty() {
+            source
+                .parts
+                .size(&source.configmap)
+                .map_err(LoadError::Source)?
+        } else {
+            held.len() as u64
+        };
+        if self.budget.available() < size {
+            tracing::info!(
+                configmap = %source.configmap,
+                bytes = size,
+                "waiting for other loads to release module bytes (at most {} MiB at once)",
+                config::MODULE_BUDGET_MIB
+            );
+        }
+        let permit = self.budget.reserve(size).await;
+        if !held.is_empty() {
+            return Ok((held, permit));
+        }
+        // Inflating 64 MiB takes a CPU for a while: not on the runtime's threads.
+        let (parts, configmap) = (source.parts.clone(), source.configmap.clone());
+        let wasm = tokio::task::spawn_blocking(move || parts.wasm(&configmap))
+            .await
+            .map_err(|e| {
+                LoadError::Plugin(PluginError::new(
+                    crate::sandbox::UNKNOWN_PLUGIN,
+                    &source.digest,
+                    crate::sandbox::PluginErrorKind::Internal(format!("inflating thread: {e}")),
+                ))
+            })?
+            .map_err(LoadError::Source)?;
+        Ok((wasm, permit))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_load_past_the_budget_waits_for_the_bytes_earlier_loads_hold() {
+        let budget = ModuleBudget::new(100);
+        let first = budget.reserve(60).await;
+        assert_eq!(budget.available(), 40);
+        let waiting = {
+            let budget = budget.clone();
+            tokio::spawn(async move { budget.reserve(60).await })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished(), "60 + 60 bytes do not fit in 100");
+        // One that fits beside the first waits too: first come, first served.
+        let small = {
+            let budget = budget.clone();
+            tokio::spawn(async move { budget.reserve(10).await })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!small.is_finished(), "it queues behind the waiting load");
+        drop(first);
+        let second = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("it fits once the first is done")
+            .unwrap();
+        let small = small.await.unwrap();
+        assert_eq!(budget.available(), 30);
+        drop((second, small));
+        // More than the whole budget takes all of it rather than waiting forever.
+        let all = tokio::time::timeout(Duration::from_secs(5), budget.reserve(1 << 40))
+            .await
+            .expect("clamped to the budget");
+        assert_eq!(budget.available(), 0);
+        drop(all);
+        assert_eq!(budget.available(), 100);
+    }
 
     #[test]
     fn only_waits_are_retried() {

@@ -19,6 +19,12 @@
 //!
 //! Deleting a ConfigMap stops its controller and leaves the children in place: they belong to
 //! their parents, not to the plugin.
+//!
+//! The registry never holds a module inflated: it reads each ConfigMap with
+//! [`source::read_stored`] (checked and digested as it streams) and keeps the stored form
+//! only while a version runs or may be loaded again (one that waits for kinds or RBAC); a
+//! version that failed for good keeps its digests and the reason, never its bytes, and the
+//! same bytes are not loaded again. Loads inflate under the budget of [`super::load`].
 
 mod staging;
 
@@ -160,8 +166,11 @@ pub struct Canary {
 struct Slot {
     // Its metadata only, for Events: the module and settings are in `latest`.
     configmap: ConfigMap,
-    // The newest source seen.
+    // The newest source seen: its stored form only, never the inflated module.
     latest: Option<PluginSource>,
+    // `latest` failed to load for good and its module was dropped (`PluginSource::release`):
+    // its digest stays, so the same bytes are not loaded again, but it cannot be.
+    released: bool,
     // The registry's number for the newest source (or pause) of this slot: a load result, or
     // a retry timer, of an older one is dropped, even when only its settings differ. Numbers
     // are never reused, not even by a ConfigMap deleted and created again.
@@ -361,12 +370,14 @@ impl Registry {
 
     fn on_apply(&mut self, mut cm: ConfigMap) {
         let name = cm.metadata.name.clone().unwrap_or_default();
-        let source = source::read(&cm, &self.defaults);
+        let known = self.slots.get(&name).and_then(|s| s.latest.as_ref());
+        let source = source::read_stored(&cm, &self.defaults, known);
         cm.binary_data = None;
         cm.data = None;
         let slot = self.slots.entry(name.clone()).or_insert_with(|| Slot {
             configmap: cm.clone(),
             latest: None,
+            released: false,
             seq: 0,
             state: State::Loading,
             running: None,
@@ -377,7 +388,7 @@ impl Registry {
         let source = match source {
             Ok(s) => s,
             Err(e) => {
-                let msg = format!("ConfigMap {}/{name}: {e}", self.namespace);
+                let msg = e.in_configmap(&self.namespace, &name);
                 tracing::warn!(configmap = %name, error = %e, "invalid plugin ConfigMap; the running version, if any, stays");
                 count_load(&name, "failure");
                 slot.state = State::Failed(msg.clone());
@@ -389,9 +400,10 @@ impl Registry {
         if slot.latest.as_ref().is_some_and(|l| l.same_as(&source)) {
             return;
         }
-        tracing::info!(configmap = %name, digest = %source.digest, bytes = source.wasm.len(), "loading plugin");
+        tracing::info!(configmap = %name, digest = %source.digest, stored_bytes = source.parts.module.len(), "loading plugin");
         slot.state = State::Loading;
         slot.latest = Some(source.clone());
+        slot.released = false;
         self.last_seq += 1;
         slot.seq = self.last_seq;
         let seq = slot.seq;
@@ -414,17 +426,19 @@ impl Registry {
     async fn on_msg(&mut self, msg: Msg) {
         match msg {
             Msg::Retry { configmap, seq } => {
-                let current = self.slots.get(&configmap).filter(|s| s.seq == seq);
-                if let Some(mut source) = current.and_then(|s| s.latest.clone()) {
-                    if source.wasm.is_empty() {
-                        // Released after a load; the stored form inflates again (it did before).
-                        match source.parts.wasm() {
-                            Ok(wasm) => source.wasm = wasm,
-                            Err(e) => {
-                                return self.fail(&configmap, Notice::LoadFailed, e.to_string());
-                            }
-                        }
-                    }
+                let Some(slot) = self.slots.get(&configmap).filter(|s| s.seq == seq) else {
+                    return;
+                };
+                if slot.released {
+                    // Failed for good: the same bytes would fail again, and are gone.
+                    tracing::info!(
+                        configmap,
+                        "not loading again a version that failed for good; waiting for a new one"
+                    );
+                    return;
+                }
+                if let Some(source) = slot.latest.clone() {
+                    // The load inflates the stored form again, under the budget.
                     self.start_load(configmap, source, seq);
                 }
             }
@@ -440,17 +454,7 @@ impl Registry {
                     return; // superseded by a newer source, if only its settings
                 }
                 match *result {
-                    Ok((loaded, kinds)) => {
-                        self.activate(&configmap, loaded, kinds).await;
-                        // The module is compiled: keep only its stored (often gzipped) form.
-                        if let Some(latest) = self
-                            .slots
-                            .get_mut(&configmap)
-                            .and_then(|s| s.latest.as_mut())
-                        {
-                            latest.wasm = Vec::new();
-                        }
-                    }
+                    Ok((loaded, kinds)) => self.activate(&configmap, loaded, kinds).await,
                     Err(e) => self.on_load_error(&configmap, e),
                 }
             }
@@ -488,6 +492,7 @@ impl Registry {
                 tracing::error!(configmap, error = %msg, "plugin failed to load");
                 count_load(configmap, "failure");
                 slot.state = State::Failed(msg.clone());
+                release(slot);
                 self.event(&cm, error.notice(), &msg);
             }
         }
@@ -504,6 +509,7 @@ impl Registry {
         if let Some(msg) = clash(loaded.plugin.manifest(), others) {
             let slot = self.slots.get_mut(configmap).expect("slot exists");
             slot.state = State::Failed(msg.clone());
+            release(slot);
             let cm = slot.configmap.clone();
             tracing::error!(configmap, "{msg}");
             self.event(&cm, Notice::LoadFailed, &msg);
@@ -744,6 +750,15 @@ impl Registry {
             secondary: None,
         };
         self.notices.record(ev, reference);
+    }
+}
+
+/// Drops the module of the slot's newest version, which failed for good: only its digests
+/// and the reason (the slot's state) stay.
+fn release(slot: &mut Slot) {
+    if let Some(latest) = slot.latest.as_mut() {
+        latest.release();
+        slot.released = true;
     }
 }
 

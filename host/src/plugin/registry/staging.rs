@@ -148,7 +148,8 @@ impl Registry {
             return true;
         }
         let loaded = match self.revisions.configmap(&live.name).await {
-            Ok(cm) => match source::read(&cm, &self.defaults) {
+            // The stored form: the load inflates it under the budget.
+            Ok(cm) => match source::read_stored(&cm, &self.defaults, None) {
                 Ok(source) => self.loader.load(source).await.map_err(|e| e.to_string()),
                 Err(e) => Err(e.to_string()),
             },
