@@ -213,6 +213,12 @@ pub struct RunArgs {
     /// controllers that multiplies objects is slowed, not unbounded. Updates are not counted.
     #[arg(long, default_value_t = config::CREATES_PER_MINUTE)]
     pub creates_per_minute: u32,
+    /// A kind that may be one plugin's child kind and another's (or the same resource's)
+    /// parent kind, as `Kind.group` (`Deployment.apps`, or `Pod` for the core group);
+    /// repeatable. Without it such a pair is refused at load: each child would become a
+    /// parent, which is how a plugin feeds itself.
+    #[arg(long, value_name = "KIND")]
+    pub allow_chain: Vec<String>,
     /// Where `/healthz` and `/readyz` are served.
     #[arg(long, default_value = config::PROBE_ADDR)]
     pub probe_addr: std::net::SocketAddr,

@@ -58,6 +58,8 @@ pub struct HostConfig {
     /// Share compiled plugins with the other replicas through the cluster
     /// ([`crate::plugin::artifacts`]).
     pub share_artifacts: bool,
+    /// Kinds that may be one plugin's child kind and another's parent kind (`--allow-chain`).
+    pub chains: Vec<wasmop_contract::KindRef>,
     /// Where `/healthz` and `/readyz` are served (port 0 picks a free one; see
     /// [`Host::probe_addr`]).
     pub probe_addr: SocketAddr,
@@ -81,6 +83,7 @@ impl Default for HostConfig {
             controller: controller::Config::default(),
             sandbox: SandboxConfig::default(),
             share_artifacts: true,
+            chains: Vec::new(),
             probe_addr: config::PROBE_ADDR.parse().expect("a socket address"),
             metrics_addr: config::METRICS_ADDR.parse().expect("a socket address"),
             leader_election: None,
@@ -242,7 +245,8 @@ impl Host {
             supervisor,
             reporter,
             health.clone(),
-        );
+        )
+        .with_chains(config.chains.clone());
         let probes = bind(config.probe_addr).await?;
         let metrics = if config.metrics_addr == config.probe_addr {
             None

@@ -58,6 +58,11 @@ pub fn host_config(args: RunArgs) -> HostConfig {
             ..SandboxConfig::default()
         },
         share_artifacts: !args.no_shared_artifacts,
+        chains: args
+            .allow_chain
+            .iter()
+            .map(|k| crate::plugin::registry::parse_chain(k))
+            .collect(),
         probe_addr: args.probe_addr,
         metrics_addr: args.metrics_addr,
         sharding: args.shards.map(|shards| Sharding {

@@ -40,7 +40,7 @@ use kube::runtime::events::{Event, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
 use tokio::sync::mpsc;
-use wasmop_contract::Manifest;
+use wasmop_contract::{KindRef, Manifest};
 
 use super::load::{LoadError, Loaded, Loader};
 use super::notice::Notice;
@@ -246,6 +246,8 @@ pub struct Registry {
     // The last number given to a slot's source.
     last_seq: u64,
     revisions: Revisions,
+    // Kinds an admin allows to be one plugin's child and another's parent.
+    chains: Vec<KindRef>,
 }
 
 impl Registry {
@@ -279,7 +281,16 @@ impl Registry {
             health,
             last_seq: 0,
             revisions: Revisions::new(client_for_revisions, &namespace_for_revisions),
+            chains: Vec::new(),
         }
+    }
+
+    /// Lets each of `kinds` be one plugin's child kind and another's parent kind (see
+    /// [`clash`]); without it, such a pair is refused at load.
+    #[must_use]
+    pub fn with_chains(mut self, kinds: Vec<KindRef>) -> Self {
+        self.chains = kinds;
+        self
     }
 
     /// The state of every plugin, updated as it changes.
@@ -506,7 +517,7 @@ impl Registry {
             .iter()
             .filter(|(cm, _)| cm.as_str() != configmap)
             .filter_map(|(cm, s)| Some((cm.as_str(), s.running.as_ref()?.plugin.manifest())));
-        if let Some(msg) = clash(loaded.plugin.manifest(), others) {
+        if let Some(msg) = clash(loaded.plugin.manifest(), others, &self.chains) {
             let slot = self.slots.get_mut(configmap).expect("slot exists");
             slot.state = State::Failed(msg.clone());
             release(slot);
@@ -764,11 +775,21 @@ fn release(slot: &mut Slot) {
 
 /// Why `manifest` may not run beside the plugins that do (`(configmap, manifest)` each): a
 /// name must be unique (it names the field manager and the finalizer), and so must a parent
-/// kind: two plugins on one parent would fight over its status and `Ready` condition.
+/// kind: two plugins on one parent would fight over its status and `Ready` condition. Nor may
+/// one plugin's child kind be another's parent kind, unless an admin listed it in `chains`:
+/// each child would become a parent, whose children may feed the first plugin again.
 fn clash<'a>(
     manifest: &Manifest,
     mut running: impl Iterator<Item = (&'a str, &'a Manifest)>,
+    chains: &[KindRef],
 ) -> Option<String> {
+    let chained = |k: &KindRef| chains.iter().any(|c| c.same_resource(k));
+    let feeds = |from: &Manifest, to: &Manifest| {
+        from.children
+            .iter()
+            .find(|c| c.same_resource(&to.parent) && !chained(c))
+            .cloned()
+    };
     running.find_map(|(configmap, other)| {
         if other.name == manifest.name {
             Some(format!(
@@ -780,10 +801,38 @@ fn clash<'a>(
                 "parent kind {} is already reconciled by plugin {} (ConfigMap {configmap}); one plugin per parent kind",
                 manifest.parent, other.name
             ))
+        } else if let Some(kind) = feeds(manifest, other) {
+            Some(format!(
+                "child kind {kind} is the parent kind of plugin {} (ConfigMap {configmap}): each child would become its parent; an admin may allow it with `wasmop run --allow-chain {}`",
+                other.name,
+                chain_name(&kind)
+            ))
         } else {
-            None
+            feeds(other, manifest).map(|kind| {
+                format!(
+                    "parent kind {kind} is a child kind of plugin {} (ConfigMap {configmap}): each of its children would become a parent; an admin may allow it with `wasmop run --allow-chain {}`",
+                    other.name,
+                    chain_name(&kind)
+                )
+            })
         }
     })
+}
+
+/// `Kind.group`, or `Kind` for the core group: how `--allow-chain` names a kind.
+fn chain_name(kind: &KindRef) -> String {
+    match kind.group() {
+        "" => kind.kind.clone(),
+        group => format!("{}.{group}", kind.kind),
+    }
+}
+
+/// The kind `--allow-chain` names: `Deployment.apps`, or `Pod` for the core group.
+pub fn parse_chain(name: &str) -> KindRef {
+    match name.split_once('.') {
+        Some((kind, group)) => KindRef::new(format!("{group}/v1"), kind),
+        None => KindRef::new("v1", name),
+    }
 }
 
 fn count_load(configmap: &str, result: &'static str) {
@@ -824,17 +873,55 @@ mod tests {
         let web = Manifest::new("web", "0.1.0").parent_raw("example.com/v1", "WebApp");
         let running = [("memcached", &memcached), ("web", &web)];
         assert_eq!(
-            clash(&rival, running.into_iter()).as_deref(),
+            clash(&rival, running.into_iter(), &[]).as_deref(),
             Some(
                 "parent kind cache.example.com/v1 Memcached is already reconciled by plugin memcached (ConfigMap memcached); one plugin per parent kind"
             )
         );
         let renamed = Manifest::new("web", "0.2.0").parent_raw("example.com/v1", "Other");
         assert_eq!(
-            clash(&renamed, running.into_iter()).as_deref(),
+            clash(&renamed, running.into_iter(), &[]).as_deref(),
             Some("plugin name \"web\" is already served by ConfigMap web; names must be unique")
         );
         let fine = Manifest::new("gateway", "0.1.0").parent_raw("net.example.com/v1", "Gateway");
-        assert_eq!(clash(&fine, running.into_iter()), None);
+        assert_eq!(clash(&fine, running.into_iter(), &[]), None);
+    }
+
+    #[test]
+    fn a_child_kind_is_no_other_plugins_parent_kind_unless_an_admin_allows_it() {
+        let memcached = Manifest::new("memcached", "0.1.0")
+            .parent_raw("cache.example.com/v1alpha1", "Memcached")
+            .child_raw("apps/v1", "Deployment");
+        let on_deployments = Manifest::new("deploys", "0.1.0").parent_raw("apps/v1", "Deployment");
+        let running = [("memcached", &memcached)];
+        let refused = clash(&on_deployments, running.into_iter(), &[]).expect("refused");
+        assert!(
+            refused.contains("is a child kind of plugin memcached")
+                && refused.contains("--allow-chain Deployment.apps"),
+            "{refused}"
+        );
+        // The other way round, and allowed by the admin.
+        let running = [("deploys", &on_deployments)];
+        let refused = clash(&memcached, running.into_iter(), &[]).expect("refused");
+        assert!(
+            refused.contains("is the parent kind of plugin deploys"),
+            "{refused}"
+        );
+        let allowed = [parse_chain("Deployment.apps")];
+        assert_eq!(clash(&memcached, running.into_iter(), &allowed), None);
+        // A core kind is named without a group.
+        let core = Manifest::new("a", "0.1.0")
+            .parent_raw("example.com/v1", "A")
+            .child_raw("v1", "ConfigMap");
+        let on_configmaps = Manifest::new("b", "0.1.0").parent_raw("v1", "ConfigMap");
+        assert!(
+            clash(
+                &on_configmaps,
+                [("a", &core)].into_iter(),
+                &[parse_chain("ConfigMap")]
+            )
+            .is_none()
+        );
+        assert!(clash(&on_configmaps, [("a", &core)].into_iter(), &[]).is_some());
     }
 }
