@@ -9,11 +9,9 @@ demo: setup
 # Every test: lints, unit tests, the sandbox suite and the end-to-end suite on a real
 # control plane, the demo as a user runs it, a plugin author's first hour (docs/writing-plugins.md)
 # on its own plane, then the benchmark runner in its quick mode (20 objects) so it keeps working.
-test: setup plane lint
-	cargo test --workspace
-	tests/demo-test.sh
-	tests/scaffold-test.sh
-	cargo run -p bench -- --quick
+# tests/test-all.sh runs them in that order and prints how long each phase and test binary took.
+test:
+	tests/test-all.sh
 
 # The README's first command, run to "ready" and stopped with Ctrl-C and SIGTERM; nothing may
 # be left running (after `cargo test`, whose builds it reuses).
