@@ -45,6 +45,11 @@ const BUILDS: &[Build] = &[
                  `tests/guests/deployment-plugin`.",
             ),
             (
+                "EVENT_PARENT",
+                "event_parent",
+                "Parent kind `events.k8s.io/v1 Event`, refused at load: `tests/guests/event-parent`.",
+            ),
+            (
                 "FINALIZING",
                 "finalizing",
                 "Puts a finalizer on every Probe and never releases it: `tests/guests/finalizing`.",

@@ -1,7 +1,7 @@
 //! Plugins that try to reach past their own children, next to Memcached on one host: a rival
-//! on Memcached's kind, a flood of 10,000 children, an alias bomb in the settings, and a
-//! plugin on Deployments with ReplicaSet children. Each is bounded with a clear error, and
-//! Memcached keeps reconciling and keeps its Deployment.
+//! on Memcached's kind, a plugin on Events, a flood of 10,000 children, an alias bomb in the
+//! settings, and a plugin on Deployments with ReplicaSet children. Each is bounded with a clear
+//! error, and Memcached keeps reconciling and keeps its Deployment.
 
 use std::time::Instant;
 
@@ -49,6 +49,15 @@ async fn hostile_plugins_are_bounded_while_memcached_reconciles() {
     env.put_plugin("rival", &v2, None).await;
     let refused = wait_notice(&env, "rival", "LoadFailed").await;
     assert!(refused.contains("ConfigMap memcached"), "{refused}");
+
+    // A plugin on Events would be fed the host's own Events about it: refused at load.
+    let on_events = test_artifacts::read(test_artifacts::EVENT_PARENT);
+    env.put_plugin("events", &on_events, None).await;
+    let refused = wait_notice(&env, "events", "LoadFailed").await;
+    assert!(
+        refused.contains("events.k8s.io/v1 Event") && refused.contains("is an Event"),
+        "{refused}"
+    );
 
     // A flood of children is refused whole: not one is created.
     let adversarial = test_artifacts::read(test_artifacts::ADVERSARIAL);
