@@ -77,22 +77,12 @@ impl Env {
     /// ServiceAccount's rules.
     pub async fn grant(&self, name: &str, wasm: &[u8], withhold: &[&str]) {
         let mut docs = self.rbac(name, wasm).await;
-        for doc in &mut docs {
-            let plugin_role =
-                doc["kind"] == "Role" && doc["metadata"]["name"] == format!("wasmop-plugin-{name}");
-            if plugin_role {
-                for rule in doc["rules"].as_array_mut().unwrap() {
-                    rule["resources"]
-                        .as_array_mut()
-                        .unwrap()
-                        .retain(|r| !withhold.contains(&r.as_str().unwrap()));
-                }
-                doc["rules"]
-                    .as_array_mut()
-                    .unwrap()
-                    .retain(|r| !r["resources"].as_array().unwrap().is_empty());
-            }
-        }
+        withhold_from(
+            &mut docs,
+            "Role",
+            &format!("wasmop-plugin-{name}"),
+            withhold,
+        );
         testenv::apply_objects(&self.client, docs, "e2e")
             .await
             .expect("the plugin's RBAC applied");
@@ -184,6 +174,41 @@ impl Env {
     pub fn start_host(&self) -> Host {
         Host::start(&self.kubeconfig, self.name())
     }
+}
+
+/// Takes the resources in `withhold` out of the rules of the `kind` (`Role` or `ClusterRole`)
+/// named `role` among `wasmop rbac`'s documents, dropping rules left with none.
+pub fn withhold_from(docs: &mut [Value], kind: &str, role: &str, withhold: &[&str]) {
+    for doc in docs {
+        if doc["kind"] != kind || doc["metadata"]["name"] != role {
+            continue;
+        }
+        for rule in doc["rules"].as_array_mut().unwrap() {
+            rule["resources"]
+                .as_array_mut()
+                .unwrap()
+                .retain(|r| !withhold.contains(&r.as_str().unwrap()));
+        }
+        doc["rules"]
+            .as_array_mut()
+            .unwrap()
+            .retain(|r| !r["resources"].as_array().unwrap().is_empty());
+    }
+}
+
+/// Resident memory of a process at its peak and now, in MiB, from `/proc/<pid>/status`.
+pub fn rss_mib(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| -> u64 {
+        let line = status.lines().find(|l| l.starts_with(name)).unwrap();
+        line.split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            / 1024
+    };
+    (field("VmHWM:"), field("VmRSS:"))
 }
 
 pub fn memcached_resource() -> ApiResource {

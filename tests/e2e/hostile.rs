@@ -10,27 +10,12 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{ListParams, Patch, PatchParams};
 use serde_json::json;
 
-use crate::common::{Env, TIMEOUT, http_get, put_probe, wait_event, wait_not_ready};
+use crate::common::{Env, TIMEOUT, http_get, put_probe, rss_mib, wait_event, wait_not_ready};
 
 /// The message of the Event `reason` on plugin ConfigMap `configmap`.
 async fn wait_notice(env: &Env, configmap: &str, reason: &str) -> String {
     let event = wait_event(env, "ConfigMap", configmap, reason).await;
     event.message.unwrap_or_default()
-}
-
-/// Peak and current resident memory of a process, in MiB, from `/proc`.
-fn rss_mib(pid: u32) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let field = |name: &str| -> u64 {
-        let line = status.lines().find(|l| l.starts_with(name)).unwrap();
-        line.split_whitespace()
-            .nth(1)
-            .unwrap()
-            .parse::<u64>()
-            .unwrap()
-            / 1024
-    };
-    (field("VmHWM:"), field("VmRSS:"))
 }
 
 #[tokio::test(flavor = "multi_thread")]

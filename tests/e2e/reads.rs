@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
-use crate::common::{Env, Host, TIMEOUT, http_get, test_crd, test_resource};
+use crate::common::{Env, Host, TIMEOUT, http_get, test_crd, test_resource, withhold_from};
 
 /// What `wasmop rbac` prints for the plugin in ConfigMap `name` of the host's namespace
 /// `host_ns`, cluster-wide, with `withheld` resources taken out of the plugin's rules.
@@ -29,21 +29,12 @@ async fn grant_everywhere(env: &Env, name: &str, wasm: &[u8], withheld: &[&str])
         plurals: Vec::new(),
     };
     let mut docs = wasmop::cmd::rbac::objects(plugin.manifest(), &options).expect("rbac");
-    let account_role = format!("{}-{name}", env.name());
-    for doc in &mut docs {
-        if doc["kind"] == "ClusterRole" && doc["metadata"]["name"] == account_role.as_str() {
-            for rule in doc["rules"].as_array_mut().unwrap() {
-                rule["resources"]
-                    .as_array_mut()
-                    .unwrap()
-                    .retain(|r| !withheld.contains(&r.as_str().unwrap()));
-            }
-            doc["rules"]
-                .as_array_mut()
-                .unwrap()
-                .retain(|r| !r["resources"].as_array().unwrap().is_empty());
-        }
-    }
+    withhold_from(
+        &mut docs,
+        "ClusterRole",
+        &format!("{}-{name}", env.name()),
+        withheld,
+    );
     testenv::apply_objects(&env.client, docs, "e2e")
         .await
         .expect("the plugin's RBAC applied");

@@ -12,7 +12,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams};
 
-use crate::common::{Env, wait_event};
+use crate::common::{Env, rss_mib, wait_event};
 
 /// What each module inflates to: the most a module may be.
 const INFLATED: usize = 64 << 20;
@@ -29,21 +29,6 @@ const RSS_GROWTH_MIB: u64 = 32;
 /// (64 MiB), with room for the compile's and the runtime's own buffers. Six modules inflated
 /// at once, as nothing bounded before, reach 384 MiB.
 const PEAK_GROWTH_MIB: u64 = 192;
-
-/// Resident memory of a process now and at its peak, in MiB, from `/proc/<pid>/status`.
-fn rss_mib(pid: u32) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let field = |name: &str| -> u64 {
-        let line = status.lines().find(|l| l.starts_with(name)).unwrap();
-        line.split_whitespace()
-            .nth(1)
-            .unwrap()
-            .parse::<u64>()
-            .unwrap()
-            / 1024
-    };
-    (field("VmRSS:"), field("VmHWM:"))
-}
 
 fn gzip(bytes: &[u8]) -> Vec<u8> {
     let mut enc = GzEncoder::new(Vec::new(), Compression::best());
@@ -85,7 +70,7 @@ async fn gzip_bombs_leave_the_hosts_memory_as_it_was_while_memcached_reconciles(
     env.wait_nodes("cache", 1).await;
     // The first reconcile's and load's buffers settle.
     tokio::time::sleep(std::time::Duration::from_secs(3)).await;
-    let (before, _) = rss_mib(host.pid());
+    let (_, before) = rss_mib(host.pid());
 
     // A component's header, then garbage: it passes the first-bytes check and fails to
     // compile. Zeros fail the first-bytes check.
@@ -112,7 +97,7 @@ async fn gzip_bombs_leave_the_hosts_memory_as_it_was_while_memcached_reconciles(
     }
     // The Event is written after the load ended; let its last buffers go.
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;
-    let (after, peak) = rss_mib(host.pid());
+    let (peak, after) = rss_mib(host.pid());
     println!(
         "measured: host RSS {before} MiB before, {after} MiB after six failed loads of 64 MiB modules (peak {peak} MiB)"
     );

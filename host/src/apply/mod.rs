@@ -256,33 +256,24 @@ pub async fn execute(
             held_back += 1;
             continue;
         }
-        let applied = ssa::apply(
-            client,
-            a.kind,
-            a.namespace.as_deref(),
-            &a.name,
-            &a.object,
-            field_manager,
-            creating,
-        )
-        .await;
-        let applied = match applied {
+        let send = |create| {
+            let ns = a.namespace.as_deref();
+            ssa::apply(
+                client,
+                a.kind,
+                ns,
+                &a.name,
+                &a.object,
+                field_manager,
+                create,
+            )
+        };
+        let applied = match send(creating).await {
             // The cache said the name was free: something took it since, or it is this
             // plugin's own child whose watch event has not arrived yet.
             Err(kube::Error::Api(e)) if creating && e.code == 409 => {
                 match taken_since(client, &a, plugin).await {
-                    Ok(None) => {
-                        ssa::apply(
-                            client,
-                            a.kind,
-                            a.namespace.as_deref(),
-                            &a.name,
-                            &a.object,
-                            field_manager,
-                            false,
-                        )
-                        .await
-                    }
+                    Ok(None) => send(false).await,
                     Ok(Some(conflict)) => {
                         failures.conflicts.push(conflict);
                         continue;
