@@ -539,7 +539,7 @@ impl<'a> Step<'a> {
 /// being deleted.
 pub async fn preview(shared: &Shared, loaded: &Loaded, key: &ObjKey) -> Option<ParentPreview> {
     let parent = shared.parents.get(key.0.as_deref(), &key.1)?;
-    if parent.is_deleting() {
+    if parent.is_deleting() || shared.reads.host().owns_object(&parent) {
         return None;
     }
     let step = Step::new(shared, loaded, &parent);
@@ -547,6 +547,7 @@ pub async fn preview(shared: &Shared, loaded: &Loaded, key: &ObjKey) -> Option<P
         if let Some(error) = parent.undecodable() {
             return Err(ReconcileError::Undecodable(error.to_string()));
         }
+        step.may_read_parent().await?;
         // Asked afresh, and not kept: the kept selectors are the live version's.
         let selectors = timed(
             step.manifest(),
@@ -555,7 +556,6 @@ pub async fn preview(shared: &Shared, loaded: &Loaded, key: &ObjKey) -> Option<P
         )
         .await?;
         parse_selectors(&shared.kinds, &selectors)?;
-        step.may_read_parent().await?;
         let response = step.call(step.encode(&selectors).await?).await?;
         let validated = step.validate(response)?;
         let field_manager = step.manifest().field_manager();
