@@ -401,16 +401,21 @@ fn a_freed_slot_keeps_its_touched_pages_up_to_the_bound() {
     );
 }
 
+/// A sandbox of two instances whose calls may hold `bytes` of memory together.
+fn budgeted(bytes: u64) -> Sandbox {
+    Sandbox::new(SandboxConfig {
+        max_instances: 2,
+        cache_dir: None,
+        memory_budget: bytes,
+        ..SandboxConfig::default()
+    })
+    .unwrap()
+}
+
 #[test]
 fn the_hosts_memory_budget_bounds_a_plugin_whatever_its_cap() {
     // A plugin allowed 64 MiB in a host whose calls may hold 24 MiB together.
-    let sandbox = Sandbox::new(SandboxConfig {
-        max_instances: 2,
-        cache_dir: None,
-        memory_budget: 24 << 20,
-        ..SandboxConfig::default()
-    })
-    .unwrap();
+    let sandbox = budgeted(24 << 20);
     let wasm = test_artifacts::read(test_artifacts::ADVERSARIAL);
     let limits = Limits {
         memory_bytes: 64 << 20,
@@ -483,13 +488,7 @@ fn a_million_values_are_refused_before_parsing_within_the_budget() {
         return;
     }
     const BUDGET: u64 = 48 << 20;
-    let sandbox = Sandbox::new(SandboxConfig {
-        max_instances: 2,
-        cache_dir: None,
-        memory_budget: BUDGET,
-        ..SandboxConfig::default()
-    })
-    .unwrap();
+    let sandbox = budgeted(BUDGET);
     // The default response cap: a million `[0]` are 4,000,000 bytes, within it.
     let limits = Limits {
         response_bytes: Limits::default().response_bytes,
@@ -562,13 +561,7 @@ fn a_response_nested_past_the_bound_is_refused_before_parsing() {
 
 #[test]
 fn parsing_a_response_draws_from_the_hosts_memory_budget() {
-    let sandbox = Sandbox::new(SandboxConfig {
-        max_instances: 2,
-        cache_dir: None,
-        memory_budget: 24 << 20,
-        ..SandboxConfig::default()
-    })
-    .unwrap();
+    let sandbox = budgeted(24 << 20);
     let wasm = test_artifacts::read(test_artifacts::ADVERSARIAL);
     let plugin = sandbox.load_blocking(&wasm, LIMITS).unwrap();
     // 200,003 values, within the bound, but about 33 MiB to parse: more than the whole budget.
