@@ -439,15 +439,8 @@ impl<'a> Step<'a> {
             validate::validate(&target, response).map_err(ReconcileError::InvalidOutput)?;
         // A cluster-scoped parent's children may name any namespace, but never write what is
         // the host's there.
-        if let Some(child) = validated.children.iter().find(|c| {
-            let at = |p| c.pointer(p).and_then(Value::as_str);
-            let labels = gather::WireObject::label_keys(*c);
-            self.shared.reads.host().owns(
-                at("/metadata/namespace"),
-                at("/metadata/name").unwrap_or_default(),
-                &labels,
-            )
-        }) {
+        let host = self.shared.reads.host();
+        if let Some(child) = validated.children.iter().find(|c| host.owns_object(*c)) {
             return Err(ReconcileError::HostNamespace(describe_child(child)));
         }
         Ok(validated)

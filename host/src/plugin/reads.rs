@@ -61,8 +61,10 @@ impl HostNamespace {
                 .any(|k| k.starts_with("wasmop.io/") && *k != MANAGED_BY)
     }
 
-    /// [`Self::owns`] for an observed object.
+    /// [`Self::owns`] for an observed object or a desired child.
     pub fn owns_object<O: WireObject>(&self, obj: &O) -> bool {
+        // Every object of every request passes here: its labels are gathered only in the
+        // host's namespace.
         obj.namespace() == Some(self.name.as_str())
             && self.owns(obj.namespace(), obj.name(), &obj.label_keys())
     }
