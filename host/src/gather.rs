@@ -293,32 +293,9 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use wasmop_contract::RelatedKind;
 
     fn manifest() -> Manifest {
-        Manifest {
-            name: "memcached".into(),
-            version: "1".into(),
-            parent: KindRef::new("cache.example.com/v1alpha1", "Memcached"),
-            children: vec![
-                KindRef::new("apps/v1", "Deployment"),
-                KindRef::new("v1", "Service"),
-            ],
-            related: vec![
-                RelatedKind {
-                    api_version: "v1".into(),
-                    kind: "Pod".into(),
-                    metadata_only: true,
-                },
-                RelatedKind {
-                    api_version: "v1".into(),
-                    kind: "ConfigMap".into(),
-                    metadata_only: false,
-                },
-            ],
-            finalizer: false,
-            clock_seconds: None,
-        }
+        crate::fixtures::memcached_manifest()
     }
 
     #[test]

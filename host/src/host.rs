@@ -33,8 +33,11 @@ use tokio::sync::watch;
 
 use crate::client::Fence;
 use crate::config;
+use crate::controller::supervisor::Setup;
 use crate::controller::{self, ShardedSupervisor, Supervisor};
 use crate::plugin::artifacts::ClusterArtifacts;
+use crate::plugin::registry::Parts;
+use crate::plugin::rollout::Board;
 use crate::plugin::{Loader, Registry, Status};
 use crate::sandbox::{Limits, Sandbox, SandboxConfig};
 use crate::shard::keeper::{Keeper, Sharding};
@@ -193,18 +196,23 @@ impl Host {
             config.watch_namespace.clone(),
             health.clone(),
         );
+        let board = Board::default();
+        let setup = Setup {
+            client: client.clone(),
+            namespace: config.namespace.clone(),
+            hub,
+            reporter: reporter.clone(),
+            config: config.controller.clone(),
+            board: board.clone(),
+        };
         let (supervisor, keeper): (Box<dyn crate::plugin::Supervise>, _) = match &config.sharding {
-            None => (
-                Box::new(Supervisor::new(
-                    guarded.clone(),
-                    &config.namespace,
-                    hub,
-                    reporter.clone(),
-                    config.controller.clone(),
-                    fence.clone(),
-                )),
-                None,
-            ),
+            None => {
+                let setup = Setup {
+                    client: guarded.clone(),
+                    ..setup
+                };
+                (Box::new(Supervisor::new(setup, fence.clone())), None)
+            }
             Some(sharding) => {
                 anyhow::ensure!(
                     (1..=crate::shard::MAX_SHARDS).contains(&sharding.shards),
@@ -225,27 +233,20 @@ impl Host {
                     &config.identity,
                     sharding.clone(),
                 );
-                let supervisor = ShardedSupervisor::new(
-                    client.clone(),
-                    &config.namespace,
-                    hub,
-                    reporter.clone(),
-                    config.controller.clone(),
-                    sharding.shards,
-                    held,
-                );
+                let supervisor = ShardedSupervisor::new(setup, sharding.shards, held);
                 (Box::new(supervisor), Some(keeper))
             }
         };
-        let registry = Registry::new(
-            guarded,
-            config.namespace.clone(),
-            config.limits,
+        let registry = Registry::new(Parts {
+            client: guarded,
+            namespace: config.namespace.clone(),
+            defaults: config.limits,
             loader,
             supervisor,
+            board,
             reporter,
-            health.clone(),
-        )
+            health: health.clone(),
+        })
         .with_chains(config.chains.clone());
         let probes = bind(config.probe_addr).await?;
         let metrics = if config.metrics_addr == config.probe_addr {

@@ -18,6 +18,8 @@ pub mod client;
 pub mod cmd;
 pub mod config;
 pub mod controller;
+#[cfg(test)]
+mod fixtures;
 pub mod gather;
 mod host;
 pub mod kinds;

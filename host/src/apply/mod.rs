@@ -23,7 +23,7 @@ use serde_json::Value;
 
 use crate::kinds::ResolvedKind;
 use crate::text::api_error;
-use crate::watch::{Cache, Object};
+use crate::watch::{Cache, ObjKey, Object};
 use budget::Budget;
 
 /// What one pass over the children did.
@@ -170,7 +170,7 @@ pub fn plan<'a>(children: Children<'a>) -> Planned<'a> {
                 .collect()
         })
         .collect();
-    let mut keep = vec![HashSet::<(Option<String>, String)>::new(); children.kinds.len()];
+    let mut keep = vec![HashSet::<ObjKey>::new(); children.kinds.len()];
 
     for mut child in children.desired {
         let api_version = child["apiVersion"].as_str().unwrap_or_default().to_string();
@@ -189,7 +189,7 @@ pub fn plan<'a>(children: Children<'a>) -> Planned<'a> {
             .unwrap_or_default()
             .to_string();
         let namespace = child["metadata"]["namespace"].as_str().map(str::to_string);
-        keep[idx].insert((namespace.clone(), name.clone()));
+        keep[idx].insert(ObjKey::new(namespace.as_deref(), &name));
         let current = ours[idx]
             .get(&(namespace.as_deref(), name.as_str()))
             .map(|o| (*o).clone());

@@ -201,7 +201,7 @@ impl From<PluginError> for ReconcileError {
 /// A failed reconcile of one parent.
 #[derive(Debug, thiserror::Error)]
 pub struct Error {
-    /// The parent: namespace (none when cluster-scoped) and name.
+    /// The parent.
     pub parent: ObjKey,
     /// What failed (boxed: errors are rare, results are not).
     #[source]
@@ -210,10 +210,7 @@ pub struct Error {
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.parent {
-            (Some(ns), name) => write!(f, "reconciling {ns}/{name}"),
-            (None, name) => write!(f, "reconciling {name}"),
-        }
+        write!(f, "reconciling {}", self.parent)
     }
 }
 
@@ -295,7 +292,7 @@ mod tests {
     #[test]
     fn the_error_names_the_parent_and_keeps_the_cause() {
         let e = Error {
-            parent: (Some("ns".into()), "cache".into()),
+            parent: ObjKey::new(Some("ns"), "cache"),
             error: Box::new(ReconcileError::InvalidSelector("nonsense".into())),
         };
         assert_eq!(e.to_string(), "reconciling ns/cache");

@@ -9,7 +9,7 @@
 //! Likewise a plugin's finalizer outlives a ConfigMap deleted while no host ran (or while a
 //! shard had no holder): the host records each plugin's parent kind and finalizer in
 //! [`FINALIZERS`], and takes that finalizer off the parents of any plugin on record whose
-//! ConfigMap is gone (`release::sweep`).
+//! ConfigMap is gone (`finalizers::release_listed`).
 //!
 //! A record is input like any ConfigMap: it is bounded, and what it names only widens what a
 //! plugin's own identity does to its own objects (prunes its children of a kind, takes a

@@ -203,7 +203,7 @@ mod tests {
     use super::*;
 
     fn key(n: &str) -> ObjKey {
-        (Some("ns".into()), n.into())
+        ObjKey::new(Some("ns"), n)
     }
 
     #[tokio::test(start_paused = true)]

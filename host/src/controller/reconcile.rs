@@ -17,7 +17,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, DynamicObject};
 use kube::core::Selector;
 use kube::runtime::events::{Event, EventType};
 use serde_json::{Value, json};
@@ -29,6 +29,7 @@ use wasmop_contract::{KindRef, Manifest, RelatedSelector};
 
 use super::Shared;
 use super::error::{Error, ReconcileError};
+use super::finalizers;
 use super::queue::Reason;
 use super::related::Related;
 use crate::apply::preview::{FieldChange, ParentPreview};
@@ -126,12 +127,12 @@ pub async fn run(
         plugin = %manifest.name,
         version = %manifest.version,
         digest = %loaded.plugin.digest(),
-        namespace = key.0.as_deref().unwrap_or(""),
-        name = %key.1,
+        namespace = key.namespace().unwrap_or(""),
+        name = %key.name,
         reason = %reason,
     );
     async {
-        let Some(parent) = shared.parents.get(key.0.as_deref(), &key.1) else {
+        let Some(parent) = shared.parents.get(key.namespace(), &key.name) else {
             return Ok(Outcome { gone: true, ..Default::default() });
         };
         let started = std::time::Instant::now();
@@ -312,7 +313,7 @@ impl<'a> Step<'a> {
             return Ok(false);
         }
         if self.manifest().finalizer && !self.deleting && !has {
-            add_finalizer(&self.api, self.parent, &self.manifest().finalizer_name()).await?;
+            finalizers::add(&self.api, self.parent, &self.manifest().finalizer_name()).await?;
         }
         Ok(true)
     }
@@ -323,7 +324,7 @@ impl<'a> Step<'a> {
     async fn related_selectors(&self) -> Result<Vec<RelatedSelector>, Failure> {
         let plugin = &self.loaded.plugin;
         let key = self.parent.key();
-        let fingerprint = super::fingerprint(self.parent);
+        let fingerprint = super::triggers::fingerprint(self.parent);
         let known = {
             let cached = self.shared.selectors.lock().expect("selectors lock");
             cached
@@ -522,7 +523,7 @@ impl<'a> Step<'a> {
     }
 
     async fn release_finalizer(&self) -> Result<(), ReconcileError> {
-        remove_finalizer(&self.api, self.parent, &self.manifest().finalizer_name()).await
+        finalizers::remove(&self.api, self.parent, &self.manifest().finalizer_name()).await
     }
 }
 
@@ -531,7 +532,7 @@ impl<'a> Step<'a> {
 /// dry-run (see [`apply::preview`]) and the status compared. `None` when the parent is gone or
 /// being deleted.
 pub async fn preview(shared: &Shared, loaded: &Loaded, key: &ObjKey) -> Option<ParentPreview> {
-    let parent = shared.parents.get(key.0.as_deref(), &key.1)?;
+    let parent = shared.parents.get(key.namespace(), &key.name)?;
     if parent.is_deleting() || shared.reads.host().owns_object(&parent) {
         return None;
     }
@@ -676,58 +677,6 @@ fn publish(shared: &Shared, parent: &Object, type_: EventType, reason: &str, mes
         secondary: None,
     };
     shared.events.record(event, reference);
-}
-
-async fn add_finalizer(
-    api: &Api<DynamicObject>,
-    parent: &Object,
-    finalizer: &str,
-) -> Result<(), ReconcileError> {
-    let mut list = parent.finalizers().to_vec();
-    list.push(finalizer.to_string());
-    set_on(api, parent, list, finalizer).await
-}
-
-pub(super) async fn remove_finalizer(
-    api: &Api<DynamicObject>,
-    parent: &Object,
-    finalizer: &str,
-) -> Result<(), ReconcileError> {
-    let mut list = parent.finalizers().to_vec();
-    list.retain(|f| f != finalizer);
-    set_on(api, parent, list, finalizer).await
-}
-
-async fn set_on(
-    api: &Api<DynamicObject>,
-    parent: &Object,
-    list: Vec<String>,
-    finalizer: &str,
-) -> Result<(), ReconcileError> {
-    let (name, version) = (parent.name(), parent.resource_version());
-    set_finalizers(api, name, version, list, finalizer).await
-}
-
-// A merge patch carrying the resourceVersion we read is a compare-and-swap: other
-// controllers' finalizers added meanwhile make it fail with a conflict, not vanish.
-pub(super) async fn set_finalizers(
-    api: &Api<DynamicObject>,
-    name: &str,
-    resource_version: Option<&str>,
-    list: Vec<String>,
-    finalizer: &str,
-) -> Result<(), ReconcileError> {
-    let patch = json!({"metadata": {
-        "resourceVersion": resource_version,
-        "finalizers": list,
-    }});
-    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .map(|_| ())
-        .map_err(|source| ReconcileError::Finalizer {
-            finalizer: finalizer.to_owned(),
-            source,
-        })
 }
 
 /// Parses what `related` returned, checking each kind was declared.

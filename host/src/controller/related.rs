@@ -157,7 +157,7 @@ fn filing(related: &Related) -> Vec<(usize, Option<(String, String)>)> {
 
 fn file_ns(parent: &ObjKey, parent_namespaced: bool) -> Option<String> {
     if parent_namespaced {
-        parent.0.clone()
+        parent.namespace.clone()
     } else {
         None
     }
@@ -207,7 +207,7 @@ mod tests {
     }
 
     fn key(ns: &str, name: &str) -> ObjKey {
-        (Some(ns.to_string()), name.to_string())
+        ObjKey::new(Some(ns), name)
     }
 
     fn four_parents(namespaced: bool) -> RelatedIndex {

@@ -14,26 +14,21 @@ use std::collections::{BTreeMap, HashMap};
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use kube::Client;
-use kube::runtime::events::Reporter;
 use tokio::sync::watch;
 
-use super::{Config, Slots, Supervisor};
+use super::Slots;
+use super::Supervisor;
+use super::supervisor::Setup;
 use crate::client::Fence;
 use crate::kinds::Kinds;
-use crate::plugin::rollout::{PreviewReport, Report};
+use crate::plugin::rollout::{PreviewReport, Progress, Report};
 use crate::plugin::{Activation, Canary, Loaded, Supervise};
 use crate::shard::Shard;
 use crate::shard::keeper::Held;
-use crate::watch::Hub;
 
 /// The controllers of a sharded host.
 pub struct ShardedSupervisor {
-    client: Client,
-    namespace: String,
-    hub: Hub,
-    reporter: Reporter,
-    config: Config,
+    setup: Setup,
     // One budget per plugin over every shard held: see [`Slots`].
     slots: Slots,
     // Shards the parents are split into.
@@ -48,25 +43,13 @@ pub struct ShardedSupervisor {
 }
 
 impl ShardedSupervisor {
-    /// Controllers for the shards in `held` (of `count`) as it changes, each over `hub`
-    /// narrowed to its shard.
-    pub fn new(
-        client: Client,
-        namespace: &str,
-        hub: Hub,
-        reporter: Reporter,
-        config: Config,
-        count: u32,
-        held: watch::Receiver<Held>,
-    ) -> Self {
+    /// Controllers for the shards in `held` (of `count`) as it changes, each over `setup`'s
+    /// hub narrowed to its shard.
+    pub fn new(setup: Setup, count: u32, held: watch::Receiver<Held>) -> Self {
         ShardedSupervisor {
             count,
-            client,
-            namespace: namespace.to_string(),
-            hub,
-            reporter,
-            slots: Slots::new(config.concurrency),
-            config,
+            slots: Slots::new(setup.config.concurrency),
+            setup,
             held,
             active: BTreeMap::new(),
             plugins: BTreeMap::new(),
@@ -79,28 +62,28 @@ impl ShardedSupervisor {
     fn forget(&mut self, configmap: &str) {
         self.plugins.remove(configmap);
         self.routes.remove(configmap);
+        self.post_idle(configmap);
     }
 
-    /// Each shard's report on `configmap`: its controller's, or `idle` where the plugin runs
-    /// none (see [`runs_on`]); shards with neither are left out.
-    fn per_shard<R: Clone>(
-        &self,
-        configmap: &str,
-        idle: Option<R>,
-        report: impl Fn(&Supervisor) -> Option<R>,
-    ) -> Vec<(u32, R)> {
+    /// Posts, for each shard held where `configmap` runs no controller (see [`runs_on`]), an
+    /// empty share of its candidate, so that rollout hears from every shard; or takes the
+    /// post down where no candidate runs.
+    fn post_idle(&self, configmap: &str) {
         let kinds = self.plugins.get(configmap).map(|(_, kinds)| kinds);
-        self.active
-            .iter()
-            .filter_map(|(shard, (_, s))| {
-                let report = if kinds.is_some_and(|k| !runs_on(shard, k)) {
-                    idle.clone()
-                } else {
-                    report(s)
-                };
-                Some((shard.index(), report?))
-            })
-            .collect()
+        let idle = self.routes.get(configmap).map(|c| Progress {
+            digest: c.loaded.plugin.digest().to_owned(),
+            canary: (!c.preview).then(|| Report {
+                weight: c.weight,
+                ..Report::default()
+            }),
+            preview: c.preview.then(PreviewReport::default),
+        });
+        for shard in self.active.keys() {
+            if kinds.is_none_or(|k| !runs_on(shard, k)) {
+                let post = self.setup.board.post(configmap, shard.index());
+                post.publish(idle.clone().filter(|_| kinds.is_some()));
+            }
+        }
     }
 
     fn each(&mut self) -> impl Iterator<Item = &mut Supervisor> {
@@ -131,6 +114,7 @@ impl Supervise for ShardedSupervisor {
                 let (_, mut supervisor) = self.active.remove(&shard).expect("listed above");
                 for configmap in self.plugins.keys() {
                     supervisor.stop(configmap).await;
+                    self.setup.board.post(configmap, shard.index()).clear();
                 }
                 tracing::info!(shard = %shard, "stopped reconciling the shard");
             }
@@ -138,15 +122,14 @@ impl Supervise for ShardedSupervisor {
                 if self.active.contains_key(&shard) {
                     continue;
                 }
-                let mut supervisor = Supervisor::new(
-                    fence.guard(&self.client),
-                    &self.namespace,
-                    self.hub.clone().sharded(shard),
-                    self.reporter.clone(),
-                    self.config.clone(),
-                    fence.clone(),
-                )
-                .with_slots(self.slots.clone());
+                let setup = Setup {
+                    client: fence.guard(&self.setup.client),
+                    hub: self.setup.hub.clone().sharded(shard),
+                    ..self.setup.clone()
+                };
+                let mut supervisor = Supervisor::new(setup, fence.clone())
+                    .with_slots(self.slots.clone())
+                    .on_shard(shard.index());
                 for (configmap, (loaded, kinds)) in &self.plugins {
                     if !runs_on(&shard, kinds) {
                         continue;
@@ -164,6 +147,10 @@ impl Supervise for ShardedSupervisor {
                     supervisor.sweep(present).await;
                 }
                 self.active.insert(shard, (fence, supervisor));
+            }
+            let names: Vec<String> = self.plugins.keys().cloned().collect();
+            for configmap in names {
+                self.post_idle(&configmap);
             }
         }
         .boxed()
@@ -207,6 +194,7 @@ impl Supervise for ShardedSupervisor {
                     supervisor.stop(&configmap).await;
                 }
             }
+            self.post_idle(&configmap);
             activation
         }
         .boxed()
@@ -262,17 +250,9 @@ impl Supervise for ShardedSupervisor {
             for supervisor in self.each() {
                 supervisor.route(configmap, canary.clone()).await;
             }
+            self.post_idle(configmap);
         }
         .boxed()
-    }
-
-    fn canary_report(&self, configmap: &str) -> Option<Report> {
-        let mut reports = self.shard_reports(configmap).into_iter();
-        let (_, mut all) = reports.next()?;
-        for (_, r) in reports {
-            all.add(&r);
-        }
-        Some(all)
     }
 
     fn shards(&self) -> Option<u32> {
@@ -281,30 +261,6 @@ impl Supervise for ShardedSupervisor {
 
     fn judges(&self) -> bool {
         self.active.keys().any(|shard| shard.holds(""))
-    }
-
-    fn shard_reports(&self, configmap: &str) -> Vec<(u32, Report)> {
-        let canary = self.routes.get(configmap).filter(|c| !c.preview);
-        let idle = canary.map(|c| Report {
-            weight: c.weight,
-            ..Report::default()
-        });
-        self.per_shard(configmap, idle, |s| s.canary_report(configmap))
-    }
-
-    fn preview_report(&self, configmap: &str) -> Option<PreviewReport> {
-        let mut reports = self.shard_previews(configmap).into_iter();
-        let (_, mut all) = reports.next()?;
-        for (_, r) in reports {
-            all.add(&r);
-        }
-        Some(all)
-    }
-
-    fn shard_previews(&self, configmap: &str) -> Vec<(u32, PreviewReport)> {
-        let preview = self.routes.get(configmap).is_some_and(|c| c.preview);
-        let idle = preview.then(PreviewReport::default);
-        self.per_shard(configmap, idle, |s| s.preview_report(configmap))
     }
 }
 

@@ -16,10 +16,10 @@ use kube::runtime::events::Reporter;
 use wasmop_contract::KindRef;
 
 use super::ledger::{self, Ledger};
-use super::{Config, ControllerHandle, Slots, release, spawn};
+use super::{Config, ControllerHandle, Slots, Wiring, finalizers, spawn};
 use crate::client::Fence;
 use crate::kinds::{Kinds, ResolvedKind, resolve_one};
-use crate::plugin::rollout::{PreviewReport, Report};
+use crate::plugin::rollout::Board;
 use crate::plugin::{Activation, Canary, Loaded, Supervise};
 use crate::plugin::{Identity, access};
 use crate::watch::Hub;
@@ -29,6 +29,23 @@ const SWEEP_RECORDS: usize = 16;
 
 /// A controller that ran this long since its last restart starts counting its deaths afresh.
 const REVIVE_RESET: Duration = Duration::from_secs(300);
+
+/// What the supervisors of a host are made of.
+#[derive(Clone)]
+pub struct Setup {
+    /// The host's client.
+    pub client: Client,
+    /// The host's namespace: plugin identities live there.
+    pub namespace: String,
+    /// The shared watches.
+    pub hub: Hub,
+    /// Names the host in Events on parents (each plugin's identity writes them).
+    pub reporter: Reporter,
+    /// How controllers schedule their work.
+    pub config: Config,
+    /// Where controllers post what candidates show.
+    pub board: Board,
+}
 
 /// The controllers of one host, by plugin ConfigMap.
 pub struct Supervisor {
@@ -45,26 +62,30 @@ pub struct Supervisor {
     config: Config,
     fence: Fence,
     slots: Slots,
+    board: Board,
+    // The shard its controllers post as (0 on a host that is not sharded).
+    shard: u32,
     running: HashMap<String, ControllerHandle>,
     // Controllers restarted after dying: how often in a row, and when last.
     revived: HashMap<String, (u32, Instant)>,
 }
 
 impl Supervisor {
-    /// Controllers over `hub`'s shared watches, writing through `client`, whose reconciles
-    /// start only while `fence` is open.
-    pub fn new(
-        client: Client,
-        namespace: &str,
-        hub: Hub,
-        reporter: Reporter,
-        config: Config,
-        fence: Fence,
-    ) -> Self {
+    /// Controllers over `setup`'s shared watches, writing through its client, whose
+    /// reconciles start only while `fence` is open.
+    pub fn new(setup: Setup, fence: Fence) -> Self {
+        let Setup {
+            client,
+            namespace,
+            hub,
+            reporter,
+            config,
+            board,
+        } = setup;
         Supervisor {
-            ledger: Ledger::new(client.clone(), namespace),
-            finalizers: Ledger::finalizers(client.clone(), namespace),
-            namespace: namespace.to_string(),
+            ledger: Ledger::new(client.clone(), &namespace),
+            finalizers: Ledger::finalizers(client.clone(), &namespace),
+            namespace,
             watch_namespace: hub.namespace().map(str::to_string),
             hub,
             client,
@@ -72,9 +93,17 @@ impl Supervisor {
             slots: Slots::new(config.concurrency),
             config,
             fence,
+            board,
+            shard: 0,
             running: HashMap::new(),
             revived: HashMap::new(),
         }
+    }
+
+    /// These controllers, posting as shard `index` on the board.
+    pub fn on_shard(mut self, index: u32) -> Self {
+        self.shard = index;
+        self
     }
 
     /// These controllers, drawing on `slots` for how many parents each plugin reconciles at
@@ -90,15 +119,14 @@ impl Supervisor {
     }
 
     fn spawn(&self, configmap: &str, kinds: Kinds, loaded: Loaded) -> ControllerHandle {
-        spawn(
-            &self.hub,
-            self.reporter.clone(),
-            kinds,
-            loaded,
-            self.config.clone(),
-            self.fence.clone(),
-            self.slots.of(configmap),
-        )
+        let wiring = Wiring {
+            reporter: self.reporter.clone(),
+            config: self.config.clone(),
+            fence: self.fence.clone(),
+            slots: self.slots.of(configmap),
+            post: self.board.post(configmap, self.shard),
+        };
+        spawn(&self.hub, kinds, loaded, wiring)
     }
 
     /// Runs `loaded`, then records its finalizer (or that it has none).
@@ -132,7 +160,7 @@ impl Supervisor {
                 self.retire_recorded(configmap, &mut kinds).await;
                 let same_parent = handle.kinds().parent.resource == kinds.parent.resource;
                 let orphaned =
-                    release::orphaned(handle.manifest(), loaded.plugin.manifest(), same_parent);
+                    finalizers::orphaned(handle.manifest(), loaded.plugin.manifest(), same_parent);
                 handle.stop(orphaned.is_some()).await;
                 Activation::Restarted
             }
@@ -243,7 +271,8 @@ impl Supervisor {
                 }
             };
             let ns = self.watch_namespace.as_deref();
-            match release::release_listed(&kind, &self.client, identity.client(), ns, name).await {
+            match finalizers::release_listed(&kind, &self.client, identity.client(), ns, name).await
+            {
                 Ok(released) => {
                     tracing::info!(configmap, finalizer = %name, released, "released the finalizer of a plugin whose ConfigMap is gone");
                     self.finalizers.write_finalizer(&configmap, None).await;
@@ -347,14 +376,6 @@ impl Supervise for Supervisor {
             self.running.insert(configmap.to_string(), fresh);
         }
         .boxed()
-    }
-
-    fn canary_report(&self, configmap: &str) -> Option<Report> {
-        self.running.get(configmap)?.canary_report()
-    }
-
-    fn preview_report(&self, configmap: &str) -> Option<PreviewReport> {
-        self.running.get(configmap)?.preview_report()
     }
 
     fn is_synced(&self, configmap: &str) -> bool {

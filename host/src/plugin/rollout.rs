@@ -12,7 +12,8 @@
 //! failed (which is also what sets its `Ready=False`): past
 //! [`Rollout::max_failed_percent`] of the step's parents, the rollout is aborted.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -302,15 +303,67 @@ impl Report {
     }
 }
 
-/// What the candidate's reconciles have shown, kept by the controller.
-#[derive(Debug, Clone, Default)]
-pub struct Tally {
-    /// The candidate's digest: a tally of another candidate is not carried over.
+/// What a candidate has shown one controller (one shard's, on a sharded host): controllers
+/// publish it, rollout judges it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// The candidate's digest.
     pub digest: String,
-    /// Parents it has reconciled.
-    pub reconciled: BTreeSet<(Option<String>, String)>,
-    /// Parents whose last reconcile with it failed, and the reason.
-    pub failed: BTreeMap<(Option<String>, String), String>,
+    /// A canary's report at its current weight.
+    pub canary: Option<Report>,
+    /// What a previewed candidate would change.
+    pub preview: Option<PreviewReport>,
+}
+
+/// Where controllers post what their candidates have shown and rollout reads it: the latest
+/// [`Progress`] of each plugin's controller on each shard (shard 0 on a host that is not
+/// sharded). A controller posts; nothing asks it.
+#[derive(Clone, Default)]
+pub struct Board {
+    posts: Arc<Mutex<BTreeMap<(String, u32), Progress>>>,
+}
+
+impl Board {
+    /// Where the controller of `configmap` on `shard` posts.
+    pub fn post(&self, configmap: &str, shard: u32) -> Post {
+        Post {
+            board: self.clone(),
+            key: (configmap.to_owned(), shard),
+        }
+    }
+
+    /// What the candidate `digest` of `configmap` has shown, per shard that posted.
+    pub fn progress(&self, configmap: &str, digest: &str) -> Vec<(u32, Progress)> {
+        let posts = self.posts.lock().expect("board lock");
+        posts
+            .range((configmap.to_owned(), 0)..=(configmap.to_owned(), u32::MAX))
+            .filter(|(_, p)| p.digest == digest)
+            .map(|((_, shard), p)| (*shard, p.clone()))
+            .collect()
+    }
+}
+
+/// One controller's place on the [`Board`].
+#[derive(Clone)]
+pub struct Post {
+    board: Board,
+    key: (String, u32),
+}
+
+impl Post {
+    /// Posts `progress`, or, with `None`, takes down what was posted.
+    pub fn publish(&self, progress: Option<Progress>) {
+        let mut posts = self.board.posts.lock().expect("board lock");
+        match progress {
+            Some(p) => posts.insert(self.key.clone(), p),
+            None => posts.remove(&self.key),
+        };
+    }
+
+    /// Takes down what was posted.
+    pub fn clear(&self) {
+        self.publish(None);
+    }
 }
 
 /// What a previewed candidate would change, over every parent (or, on a sharded host, one

@@ -13,8 +13,39 @@ use kube::core::{Selector, SelectorExt};
 
 use super::Object;
 
-/// Namespace (`None` for cluster-scoped objects) and name.
-pub type ObjKey = (Option<String>, String);
+/// Where an object is: its namespace (`None` for cluster-scoped objects) and name. Shown as
+/// `namespace/name`, or `name` alone.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjKey {
+    /// `metadata.namespace`.
+    pub namespace: Option<String>,
+    /// `metadata.name`.
+    pub name: String,
+}
+
+impl ObjKey {
+    /// The object `name` in `namespace`.
+    pub fn new(namespace: Option<&str>, name: &str) -> Self {
+        ObjKey {
+            namespace: namespace.map(str::to_owned),
+            name: name.to_owned(),
+        }
+    }
+
+    /// Its namespace, if it has one.
+    pub fn namespace(&self) -> Option<&str> {
+        self.namespace.as_deref()
+    }
+}
+
+impl std::fmt::Display for ObjKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.namespace {
+            Some(ns) => write!(f, "{ns}/{}", self.name),
+            None => f.write_str(&self.name),
+        }
+    }
+}
 
 /// The UID in the object's controller owner reference, if any.
 pub fn controller_uid(obj: &Object) -> Option<&str> {
@@ -51,14 +82,18 @@ fn label_keys(obj: &Object) -> impl Iterator<Item = LabelKey> + '_ {
 
 impl State {
     fn insert(&mut self, obj: Arc<Object>) -> Option<Arc<Object>> {
-        let (ns, name) = obj.key();
+        let key = obj.key();
         self.bytes += obj.heap_bytes();
         if let Some(uid) = controller_uid(&obj) {
             self.by_controller
                 .entry(uid.to_string())
                 .or_default()
-                .insert((ns.clone(), name.clone()));
+                .insert(key.clone());
         }
+        let ObjKey {
+            namespace: ns,
+            name,
+        } = key;
         // Most updates (a pod's status) keep the labels: then the index is already right.
         let old = self
             .by_namespace
@@ -86,10 +121,10 @@ impl State {
     }
 
     fn remove(&mut self, key: &ObjKey) -> Option<Arc<Object>> {
-        let names = self.by_namespace.get_mut(&key.0)?;
-        let old = names.remove(&key.1)?;
+        let names = self.by_namespace.get_mut(&key.namespace)?;
+        let old = names.remove(&key.name)?;
         if names.is_empty() {
-            self.by_namespace.remove(&key.0);
+            self.by_namespace.remove(&key.namespace);
         }
         self.len -= 1;
         self.bytes -= old.heap_bytes();
@@ -120,8 +155,8 @@ impl State {
         };
         let current = self
             .by_namespace
-            .get(&key.0)
-            .and_then(|m| m.get(&key.1))
+            .get(&key.namespace)
+            .and_then(|m| m.get(&key.name))
             .and_then(|o| controller_uid(o));
         if current != Some(old_uid) {
             let uid = old_uid.to_string();
@@ -161,11 +196,11 @@ impl Cache {
         old.by_namespace
             .into_iter()
             .flat_map(|(ns, names)| names.into_iter().map(move |(n, o)| ((ns.clone(), n), o)))
-            .filter(|(key, _)| {
+            .filter(|((ns, name), _)| {
                 !state
                     .by_namespace
-                    .get(&key.0)
-                    .is_some_and(|m| m.contains_key(&key.1))
+                    .get(ns)
+                    .is_some_and(|m| m.contains_key(name))
             })
             .map(|(_, o)| o)
             .collect()
@@ -188,7 +223,7 @@ impl Cache {
             return Vec::new();
         };
         keys.iter()
-            .filter_map(|(ns, name)| state.by_namespace.get(ns)?.get(name).cloned())
+            .filter_map(|k| state.by_namespace.get(&k.namespace)?.get(&k.name).cloned())
             .collect()
     }
 
@@ -338,7 +373,7 @@ mod tests {
         // An update that keeps the labels keeps the object findable.
         cache.apply(labelled("a", "p1", &[("app", "mc"), ("cr", "x")]));
         assert_eq!(names(cache.select(Some("a"), &x)), ["p1", "p2"]);
-        cache.delete(&(Some("a".into()), "p1".into()));
+        cache.delete(&ObjKey::new(Some("a"), "p1"));
         assert_eq!(names(cache.select(Some("a"), &x)), ["p2"]);
         let state = cache.state.read().unwrap();
         assert!(
@@ -357,7 +392,7 @@ mod tests {
         assert_eq!(names(cache.controlled_by("u1")), ["d1", "d2"]);
         // d2 changes hands, d1 is deleted.
         cache.apply(obj("a", "d2", Some("u2")));
-        cache.delete(&(Some("a".into()), "d1".into()));
+        cache.delete(&ObjKey::new(Some("a"), "d1"));
         assert!(cache.controlled_by("u1").is_empty());
         assert_eq!(names(cache.controlled_by("u2")), ["d2", "d3"]);
         // Losing the controller reference drops it from the index.
@@ -384,7 +419,7 @@ mod tests {
             .sum();
         assert_eq!(cache.bytes(), expected);
         cache.apply(obj("b", "p2", Some("u")));
-        cache.delete(&(Some("b".into()), "p3".into()));
+        cache.delete(&ObjKey::new(Some("b"), "p3"));
         assert_eq!(
             cache.bytes(),
             cache.get(Some("b"), "p2").unwrap().heap_bytes()

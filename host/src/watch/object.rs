@@ -227,7 +227,7 @@ impl Object {
 
     /// Namespace and name.
     pub fn key(&self) -> super::ObjKey {
-        (self.meta.namespace.clone(), self.name().to_owned())
+        super::ObjKey::new(self.namespace(), self.name())
     }
 
     /// `metadata.uid`.
@@ -582,7 +582,7 @@ mod tests {
             "spec": {"replicas": 2}, "status": {"ready": 1}
         }))
         .unwrap();
-        assert_eq!(obj.key(), (Some("a".into()), "d".into()));
+        assert_eq!(obj.key(), super::super::ObjKey::new(Some("a"), "d"));
         assert_eq!((obj.api_version(), obj.kind()), ("apps/v1", "Deployment"));
         assert_eq!(obj.uid(), Some("u"));
         assert_eq!(obj.generation(), Some(3));

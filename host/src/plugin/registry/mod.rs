@@ -45,7 +45,7 @@ use wasmop_contract::{KindRef, Manifest};
 use super::load::{LoadError, Loaded, Loader};
 use super::notice::Notice;
 use super::revision::{Phase, Revision, Revisions};
-use super::rollout::{self, Plan, PreviewReport, Report, Rollout};
+use super::rollout::{self, Board, Plan, Report, Rollout};
 use super::source::{self, PLUGIN_LABEL, PluginSource};
 use crate::config;
 use crate::kinds::Kinds;
@@ -94,7 +94,8 @@ pub enum Activation {
 }
 
 /// Runs the plugins the registry loads: one controller each. Implemented by the controller
-/// stage, so loading never reaches into reconciling.
+/// stage, so loading never reaches into reconciling: it answers for the lifecycle and health
+/// of what runs, and what a candidate shows comes back on the [`Board`], never as a query.
 pub trait Supervise: Send {
     /// Catches up with what changed beside the registry (a sharded host's shards taken or
     /// lost); called every second.
@@ -123,10 +124,8 @@ pub trait Supervise: Send {
     fn is_synced(&self, configmap: &str) -> bool;
     /// Runs `canary` beside what runs for `configmap`, for the parents its weight covers, or,
     /// with `None`, what runs alone again: the parents whose version changes are reconciled
-    /// again at once.
+    /// again at once. Its controllers post what it shows on the [`Board`].
     fn route<'a>(&'a mut self, configmap: &'a str, canary: Option<Canary>) -> BoxFuture<'a, ()>;
-    /// What the candidate of `configmap` has shown at its current weight.
-    fn canary_report(&self, configmap: &str) -> Option<Report>;
     /// How many shards the parents are split into, on a sharded host.
     fn shards(&self) -> Option<u32> {
         None
@@ -136,18 +135,6 @@ pub trait Supervise: Send {
     fn judges(&self) -> bool {
         true
     }
-    /// What the candidate of `configmap` has shown at its current weight, per shard held
-    /// (a sharded host), by shard index.
-    fn shard_reports(&self, _configmap: &str) -> Vec<(u32, Report)> {
-        Vec::new()
-    }
-    /// What the previewed candidate of `configmap` would change, per shard held (a sharded
-    /// host), by shard index.
-    fn shard_previews(&self, _configmap: &str) -> Vec<(u32, PreviewReport)> {
-        Vec::new()
-    }
-    /// What the previewed candidate of `configmap` would change.
-    fn preview_report(&self, configmap: &str) -> Option<PreviewReport>;
 }
 
 /// A candidate revision to run beside the live one.
@@ -226,6 +213,26 @@ enum Msg {
     },
 }
 
+/// What a [`Registry`] is made of.
+pub struct Parts {
+    /// The host's client.
+    pub client: Client,
+    /// The namespace of the plugin ConfigMaps.
+    pub namespace: String,
+    /// Limits where a ConfigMap sets none.
+    pub defaults: Limits,
+    /// Loads each version.
+    pub loader: Loader,
+    /// Runs each good one.
+    pub supervisor: Box<dyn Supervise>,
+    /// Where the supervisor's controllers post what candidates show.
+    pub board: Board,
+    /// Names the host in Events.
+    pub reporter: Reporter,
+    /// Told that the registry's loop turns.
+    pub health: Health,
+}
+
 /// Follows the plugin ConfigMaps of one namespace.
 pub struct Registry {
     client: Client,
@@ -233,6 +240,8 @@ pub struct Registry {
     defaults: Limits,
     loader: Arc<Loader>,
     supervisor: Box<dyn Supervise>,
+    // What the supervisor's controllers post of candidates.
+    board: Board,
     // Events on plugin ConfigMaps: one per state change, never folded.
     notices: Events,
     slots: HashMap<String, Slot>,
@@ -251,18 +260,20 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// A registry for the plugin ConfigMaps in `namespace`, loading with `loader` (limits
-    /// `defaults` where a ConfigMap sets none) and running through `supervisor`; its loop
-    /// reports to `health` that it turns.
-    pub fn new(
-        client: Client,
-        namespace: String,
-        defaults: Limits,
-        loader: Loader,
-        supervisor: Box<dyn Supervise>,
-        reporter: Reporter,
-        health: Health,
-    ) -> Self {
+    /// A registry for the plugin ConfigMaps in `parts.namespace`, loading with its loader
+    /// (its limits where a ConfigMap sets none) and running through its supervisor; its loop
+    /// reports to its health that it turns.
+    pub fn new(parts: Parts) -> Self {
+        let Parts {
+            client,
+            namespace,
+            defaults,
+            loader,
+            supervisor,
+            board,
+            reporter,
+            health,
+        } = parts;
         let (tx, rx) = mpsc::unbounded_channel();
         let (client_for_revisions, namespace_for_revisions) = (client.clone(), namespace.clone());
         Registry {
@@ -272,6 +283,7 @@ impl Registry {
             defaults,
             loader: Arc::new(loader),
             supervisor,
+            board,
             slots: HashMap::new(),
             tx,
             rx,

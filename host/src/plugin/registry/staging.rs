@@ -258,6 +258,32 @@ impl Registry {
         }
     }
 
+    /// What the controllers of `configmap` posted of its canary at its current weight, by
+    /// shard (shard 0 alone on a host that is not sharded).
+    fn shard_reports(&self, configmap: &str) -> Vec<(u32, Report)> {
+        let Some(c) = self.slots.get(configmap).and_then(|s| s.candidate.as_ref()) else {
+            return Vec::new();
+        };
+        let weight = c.rollout.steps[c.step];
+        let posted = self.board.progress(configmap, c.loaded.plugin.digest());
+        posted
+            .into_iter()
+            .filter_map(|(shard, p)| Some((shard, p.canary.filter(|r| r.weight == weight)?)))
+            .collect()
+    }
+
+    /// What the controllers of `configmap` posted of its previewed candidate, by shard.
+    fn shard_previews(&self, configmap: &str) -> Vec<(u32, PreviewReport)> {
+        let Some(c) = self.slots.get(configmap).and_then(|s| s.candidate.as_ref()) else {
+            return Vec::new();
+        };
+        let posted = self.board.progress(configmap, c.loaded.plugin.digest());
+        posted
+            .into_iter()
+            .filter_map(|(shard, p)| Some((shard, p.preview?)))
+            .collect()
+    }
+
     /// The plugins with a candidate that is previewed (`preview`) or a canary.
     fn candidates(&self, preview: bool) -> Vec<String> {
         self.slots
@@ -280,7 +306,7 @@ impl Registry {
                 continue;
             }
             let report = match self.supervisor.shards() {
-                None => self.supervisor.preview_report(&configmap).map(|r| {
+                None => self.shard_previews(&configmap).pop().map(|(_, r)| {
                     let whole = r.previewed >= r.parents;
                     (r.summary(), Some(r.diff(MAX_PREVIEW_DIFF)), whole)
                 }),
@@ -344,9 +370,9 @@ impl Registry {
         let due = published
             .shards_at
             .is_none_or(|at| at.elapsed() >= PREVIEW_PUBLISH);
-        // Every parent's diff is assembled for a report: only when one may be written.
+        // Every parent's diff is rendered for a report: only when one may be written.
         let previews = if due {
-            self.supervisor.shard_previews(configmap)
+            self.shard_previews(configmap)
         } else {
             Vec::new()
         };
@@ -469,7 +495,7 @@ impl Registry {
                 continue;
             }
             let report = match self.supervisor.shards() {
-                None => self.supervisor.canary_report(&configmap),
+                None => self.shard_reports(&configmap).pop().map(|(_, r)| r),
                 Some(count) => self.shared_report(&configmap, count).await,
             };
             let Some(report) = report else {
@@ -498,7 +524,7 @@ impl Registry {
     /// has none (its replica has not caught up, or the shard has no holder), and on a replica
     /// that does not judge.
     async fn shared_report(&mut self, configmap: &str, count: u32) -> Option<Report> {
-        let reports = self.supervisor.shard_reports(configmap);
+        let reports = self.shard_reports(configmap);
         let c = self.slots.get(configmap)?.candidate.as_ref()?;
         let (name, weight) = (c.revision.name.clone(), c.rollout.steps[c.step]);
         let fresh: Vec<(u32, Report)> = reports

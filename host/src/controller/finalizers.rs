@@ -1,5 +1,6 @@
-//! Taking a plugin's finalizer off every parent once nothing will ever remove it otherwise:
-//! the plugin's ConfigMap is gone, or its new version no longer asks for that finalizer.
+//! A plugin's finalizer on its parents: put on and taken off by a reconcile ([`add`],
+//! [`remove`]), and taken off every parent once nothing will ever remove it otherwise: the
+//! plugin's ConfigMap is gone, or its new version no longer asks for that finalizer.
 //! [`release_all`] works from the controller's cache while the plugin still runs;
 //! [`release_listed`] lists the parents itself, for a plugin whose ConfigMap was deleted while
 //! no host ran it (see `ledger::FINALIZERS`).
@@ -11,13 +12,14 @@
 use std::time::Duration;
 
 use kube::Client;
-use kube::api::{Api, DynamicObject, ListParams, ObjectMeta};
+use kube::api::{Api, DynamicObject, ListParams, ObjectMeta, Patch, PatchParams};
+use serde_json::json;
 use wasmop_contract::Manifest;
 
 use super::Shared;
 use super::error::ReconcileError;
-use super::reconcile::{remove_finalizer, set_finalizers};
 use crate::kinds::ResolvedKind;
+use crate::watch::Object;
 
 /// Tries per parent: a conflict means the parent changed since the cache saw it, and the
 /// cache catches up within moments.
@@ -40,21 +42,25 @@ pub async fn release_all(shared: &Shared, finalizer: &str) -> usize {
     let has = |p: &crate::watch::Object| p.finalizers().iter().any(|f| f == finalizer);
     let mut released = 0;
     for parent in shared.parents.list(None, has) {
-        let (ns, name) = parent.key();
-        let api = shared.kinds.parent.api(&shared.writer, ns.as_deref());
+        let key = parent.key();
+        let api = shared.kinds.parent.api(&shared.writer, key.namespace());
         for attempt in 1..=ATTEMPTS {
             // The newest copy the cache has: it may have caught up after a conflict.
-            let Some(current) = shared.parents.get(ns.as_deref(), &name).filter(|p| has(p)) else {
+            let Some(current) = shared
+                .parents
+                .get(key.namespace(), &key.name)
+                .filter(|p| has(p))
+            else {
                 break;
             };
-            match remove_finalizer(&api, &current, finalizer).await {
+            match remove(&api, &current, finalizer).await {
                 Ok(()) => {
                     released += 1;
                     break;
                 }
                 Err(e) if attempt < ATTEMPTS && e.is_conflict() => tokio::time::sleep(PAUSE).await,
                 Err(error) => {
-                    tracing::warn!(namespace = ns.as_deref().unwrap_or(""), %name, %error, "could not release the finalizer");
+                    tracing::warn!(parent = %key, %error, "could not release the finalizer");
                     break;
                 }
             }
@@ -188,22 +194,65 @@ fn carries(meta: &ObjectMeta, finalizer: &str) -> bool {
     meta.finalizers.iter().flatten().any(|f| f == finalizer)
 }
 
+/// Puts `finalizer` on `parent`.
+pub(super) async fn add(
+    api: &Api<DynamicObject>,
+    parent: &Object,
+    finalizer: &str,
+) -> Result<(), ReconcileError> {
+    let mut list = parent.finalizers().to_vec();
+    list.push(finalizer.to_string());
+    set_on(api, parent, list, finalizer).await
+}
+
+/// Takes `finalizer` off `parent`.
+pub(super) async fn remove(
+    api: &Api<DynamicObject>,
+    parent: &Object,
+    finalizer: &str,
+) -> Result<(), ReconcileError> {
+    let mut list = parent.finalizers().to_vec();
+    list.retain(|f| f != finalizer);
+    set_on(api, parent, list, finalizer).await
+}
+
+async fn set_on(
+    api: &Api<DynamicObject>,
+    parent: &Object,
+    list: Vec<String>,
+    finalizer: &str,
+) -> Result<(), ReconcileError> {
+    let (name, version) = (parent.name(), parent.resource_version());
+    set_finalizers(api, name, version, list, finalizer).await
+}
+
+// A merge patch carrying the resourceVersion we read is a compare-and-swap: other
+// controllers' finalizers added meanwhile make it fail with a conflict, not vanish.
+async fn set_finalizers(
+    api: &Api<DynamicObject>,
+    name: &str,
+    resource_version: Option<&str>,
+    list: Vec<String>,
+    finalizer: &str,
+) -> Result<(), ReconcileError> {
+    let patch = json!({"metadata": {
+        "resourceVersion": resource_version,
+        "finalizers": list,
+    }});
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map(|_| ())
+        .map_err(|source| ReconcileError::Finalizer {
+            finalizer: finalizer.to_owned(),
+            source,
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use wasmop_contract::KindRef;
 
-    fn manifest(name: &str, finalizer: bool) -> Manifest {
-        Manifest {
-            name: name.into(),
-            version: "1".into(),
-            parent: KindRef::new("x.io/v1", "Thing"),
-            children: Vec::new(),
-            related: Vec::new(),
-            finalizer,
-            clock_seconds: None,
-        }
-    }
+    use crate::fixtures::bare_manifest as manifest;
 
     #[test]
     fn a_finalizer_is_orphaned_unless_the_new_version_keeps_it_on_the_same_kind() {
