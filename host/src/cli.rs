@@ -30,8 +30,10 @@ pub enum Command {
     /// Print a plugin module as the ConfigMap the host loads it from (gzipped when that is
     /// smaller), after checking that it loads.
     Package(PackageArgs),
-    /// Print the ClusterRole and ClusterRoleBinding the host needs to run a plugin (resource
-    /// plurals are guessed offline from kind names: see --plural).
+    /// Print what a plugin needs: its ServiceAccount, the rights it writes and reads with, the
+    /// host's rights to watch its kinds and to impersonate it (ClusterRoles, or Roles in one
+    /// namespace with --watch-namespace; resource plurals are guessed offline from kind names:
+    /// see --plural).
     Rbac(RbacArgs),
     /// Record, from a live cluster, the requests the host would send a plugin's live revision
     /// and its answers, one file per parent, for `wasmop replay`.
@@ -325,7 +327,8 @@ pub struct RbacArgs {
     /// Defaults to the manifest name.
     #[arg(long)]
     pub configmap: Option<String>,
-    /// What the role and binding names start with. Defaults to the ServiceAccount's name.
+    /// What the role and binding names start with. Defaults to the plugin's ServiceAccount
+    /// name, `wasmop-plugin-<configmap>`.
     #[arg(long)]
     pub name: Option<String>,
     /// Grant in this namespace only (Roles, not ClusterRoles), for a host run with

@@ -59,6 +59,19 @@ pub fn bare_manifest(name: &str, finalizer: bool) -> Manifest {
     }
 }
 
+/// How `wasmop rbac` names and binds by default: the host in `wasmop-system` as `wasmop`,
+/// every namespace.
+pub fn rbac_options() -> crate::plugin::rbac::Options {
+    crate::plugin::rbac::Options {
+        configmap: None,
+        name: None,
+        namespace: "wasmop-system".into(),
+        service_account: "wasmop".into(),
+        watch_namespace: None,
+        plurals: Vec::new(),
+    }
+}
+
 /// A pod named `name` in `ns` (none: cluster-scoped, for tests of keys) with `meta` as the
 /// rest of its metadata.
 pub fn pod(ns: Option<&str>, name: &str, meta: Value) -> Object {

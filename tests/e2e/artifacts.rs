@@ -5,7 +5,7 @@
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{DeleteParams, ListParams, PostParams};
 
-use crate::common::*;
+use support::*;
 
 /// A host with a disk cache of its own, empty: a new pod's.
 fn fresh_pod(env: &Env, pod: &str) -> Host {
@@ -14,14 +14,10 @@ fn fresh_pod(env: &Env, pod: &str) -> Host {
         .join(format!("{}-{pod}-{}", env.name(), std::process::id()));
     let _ = std::fs::remove_dir_all(&cache);
     std::fs::create_dir_all(&cache).unwrap();
-    Host::start_with_env(
-        &env.kubeconfig,
-        env.name(),
-        &[
-            ("POD_NAME", pod),
-            ("XDG_CACHE_HOME", cache.to_str().unwrap()),
-        ],
-    )
+    env.host()
+        .pod(pod)
+        .env("XDG_CACHE_HOME", cache.to_str().unwrap())
+        .start()
 }
 
 async fn wait_log(host: &Host, line: &str) {

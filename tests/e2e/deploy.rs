@@ -18,7 +18,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Event, ServiceAccount};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
 
-use crate::common::{Env, Host, TIMEOUT};
+use support::{Env, Host, TIMEOUT};
 
 const SYSTEM: &str = "wasmop-system";
 
@@ -119,7 +119,10 @@ async fn kustomize_install_runs_memcached_with_least_privilege() {
     write_token_kubeconfig(&env.kubeconfig, &token, &kubeconfig);
     // Its plugins in wasmop-system, reconciling only in this test's namespace; with
     // `--leader-elect` as deployed, since the Lease is part of what the Role grants.
-    let host = Host::start_in(&kubeconfig, SYSTEM, env.name(), &["--leader-elect"]);
+    let host = Host::build(&kubeconfig, SYSTEM)
+        .watch(env.name())
+        .args(&["--leader-elect"])
+        .start();
 
     // 3. Memcached reconciles with the granted RBAC only.
     env.put_memcached("cache", 2).await;
@@ -197,7 +200,10 @@ async fn kustomize_install_runs_memcached_with_least_privilege() {
         .unwrap();
     assert_eq!(args, ["run", "--shards", "12"]);
     assert!(host.terminate().success());
-    let sharded = Host::start_in(&kubeconfig, SYSTEM, env.name(), &["--shards", "12"]);
+    let sharded = Host::build(&kubeconfig, SYSTEM)
+        .watch(env.name())
+        .args(&["--shards", "12"])
+        .start();
     env.put_memcached("cache", 1).await;
     env.wait_replicas("cache", 1).await;
     env.wait_nodes("cache", 1).await;

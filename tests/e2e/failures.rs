@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Event};
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 
-use crate::common::{
+use support::{
     Env, TIMEOUT, events_for, http_get, probe_resource, put_probe, wait_configmap, wait_event,
     wait_not_ready,
 };

@@ -5,7 +5,7 @@
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, DynamicObject};
 
-use crate::common::{Env, TIMEOUT, put_probe};
+use support::{Env, TIMEOUT, put_probe};
 
 const FINALIZER: &str = "wasmop.io/finalizing";
 /// The host's record of each plugin's finalizer, in its namespace.

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{ListParams, Patch, PatchParams};
 use serde_json::json;
 
-use crate::common::{Env, TIMEOUT, http_get, put_probe, rss_mib, wait_event, wait_not_ready};
+use support::{Env, TIMEOUT, http_get, put_probe, rss_mib, wait_event, wait_not_ready};
 
 /// The message of the Event `reason` on plugin ConfigMap `configmap`.
 async fn wait_notice(env: &Env, configmap: &str, reason: &str) -> String {

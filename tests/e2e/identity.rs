@@ -5,7 +5,7 @@
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 
-use crate::common::{Env, TIMEOUT, events_for, put_probe, wait_event, wait_not_ready};
+use support::{Env, TIMEOUT, events_for, put_probe, wait_event, wait_not_ready};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_plugin_can_write_only_what_its_service_account_may() {

@@ -6,7 +6,7 @@
 use wasmop::plugin::{State, Status};
 use wasmop::{Host, HostConfig};
 
-use crate::common::{Env, TIMEOUT, http_get};
+use support::{Env, TIMEOUT, http_get};
 
 fn config(env: &Env) -> HostConfig {
     HostConfig {

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::common::{Env, Host, TIMEOUT};
+use support::{Env, Host, TIMEOUT};
 
 const LEADER: &str = "became the leader";
 
@@ -26,8 +26,8 @@ async fn standby_takes_over_when_the_leader_dies() {
     let wasm = test_artifacts::read(test_artifacts::MEMCACHED);
     env.put_plugin("memcached", &wasm, None).await;
     let args = ["--leader-elect"];
-    let a = Host::start_as(&env.kubeconfig, env.name(), "wasmop-a", &args);
-    let b = Host::start_as(&env.kubeconfig, env.name(), "wasmop-b", &args);
+    let a = env.host().pod("wasmop-a").args(&args).start();
+    let b = env.host().pod("wasmop-b").args(&args).start();
     let leader = wait_leader(&[&a, &b]).await;
     let (leader, standby) = if leader == 0 { (a, b) } else { (b, a) };
     env.put_memcached("cache", 1).await;

@@ -6,7 +6,6 @@
 //! `wasmop-system`, where `kubectl apply -k deploy/` installs the host.
 
 mod artifacts;
-mod common;
 mod deploy;
 mod failures;
 mod finalizers;

@@ -7,14 +7,14 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::json;
 
-use crate::common::{Env, Host, TIMEOUT, http_get};
+use support::{Env, TIMEOUT, http_get};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn memcached_create_scale_drift_delete() {
     let env = Env::new("e2e-memcached").await;
     let wasm = test_artifacts::read(test_artifacts::MEMCACHED);
     env.put_plugin("memcached", &wasm, None).await;
-    let host = Host::start_with(&env.kubeconfig, env.name(), &["--log-format", "json"]);
+    let host = env.host().args(&["--log-format", "json"]).start();
 
     // 1. size 3 → a Deployment of 3 owned by the CR, 3 pods Running, 3 names in status.nodes.
     let started = Instant::now();

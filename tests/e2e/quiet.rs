@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
-use crate::common::{Env, Host, http_get};
+use support::{Env, Host, http_get};
 
 /// (reconcile calls into the sandbox, reconciles skipped) so far.
 async fn counts(host: &Host) -> (f64, f64) {

@@ -9,35 +9,14 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
-use crate::common::{Env, Host, TIMEOUT, http_get, test_crd, test_resource, withhold_from};
+use support::{Env, TIMEOUT, http_get, test_crd, test_resource};
 
-/// What `wasmop rbac` prints for the plugin in ConfigMap `name` of the host's namespace
-/// `host_ns`, cluster-wide, with `withheld` resources taken out of the plugin's rules.
+/// What `wasmop rbac` prints for the plugin in ConfigMap `name` of the test's namespace,
+/// cluster-wide, with `withheld` resources taken out of the plugin's rules.
 async fn grant_everywhere(env: &Env, name: &str, wasm: &[u8], withheld: &[&str]) {
-    let wasm = wasm.to_vec();
-    let plugin = tokio::task::spawn_blocking(move || wasmop::cmd::probe(&wasm))
-        .await
-        .unwrap()
-        .expect("the plugin loads offline");
-    let options = wasmop::cmd::rbac::Options {
-        configmap: Some(name.to_string()),
-        // Cluster-wide names: unique to this test's namespace.
-        name: Some(format!("{}-{name}", env.name())),
-        namespace: env.name().to_string(),
-        service_account: "wasmop".into(),
-        watch_namespace: None,
-        plurals: Vec::new(),
-    };
-    let mut docs = wasmop::cmd::rbac::objects(plugin.manifest(), &options).expect("rbac");
-    withhold_from(
-        &mut docs,
-        "ClusterRole",
-        &format!("{}-{name}", env.name()),
-        withheld,
-    );
-    testenv::apply_objects(&env.client, docs, "e2e")
-        .await
-        .expect("the plugin's RBAC applied");
+    // Cluster-wide names: unique to this test's namespace.
+    let roles = format!("{}-{name}", env.name());
+    support::grant_everywhere(&env.client, wasm, name, env.name(), &roles, withheld).await;
 }
 
 /// The value of the first sample of `name` in a `/metrics` text, summed over its series.
@@ -110,12 +89,12 @@ async fn a_plugin_reads_only_what_its_account_may_and_never_the_hosts_namespace(
     let snoop = test_artifacts::read(test_artifacts::SNOOP);
     grant_everywhere(&env, "snoop", &snoop, &["secrets"]).await;
     env.put_plugin_only("snoop", &snoop, None).await;
-    let host = Host::start_everywhere_as(
-        &env.kubeconfig,
-        env.name(),
-        "reads",
-        &["--resync-seconds", "3"],
-    );
+    let host = env
+        .host()
+        .everywhere()
+        .pod("reads")
+        .args(&["--resync-seconds", "3"])
+        .start();
     let snoops: Api<DynamicObject> = Api::all_with(env.client.clone(), &test_resource("Snoop"));
     let parent = |name: &str, children: Value| {
         json!({"apiVersion": "test.wasmop.io/v1", "kind": "Snoop",

@@ -7,14 +7,14 @@ use std::process::Command;
 use std::time::Instant;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use wasmop::plugin::revision::{Phase, Revisions};
 use wasmop::plugin::rollout::{
     self, STEP_SECONDS_ANNOTATION, STEPS_ANNOTATION, STRATEGY_ANNOTATION,
 };
 
-use crate::common::{Env, Host, TIMEOUT, wait_event};
+use support::{Env, TIMEOUT, wait_event};
 
 /// Parents of the canary test; `WASMOP_CANARY_PARENTS` changes it for the numbers in
 /// `docs/benchmarks.md`.
@@ -27,10 +27,14 @@ fn parents() -> usize {
 
 /// Puts the plugin ConfigMap as `wasmop package` builds it, with `annotations`.
 async fn put(env: &Env, wasm: &[u8], settings: Option<&str>, annotations: &[(&str, &str)]) {
-    let mut cm: ConfigMap =
-        wasmop::cmd::package::package(wasm, "memcached", env.name(), settings.map(str::to_owned))
-            .expect("a plugin ConfigMap")
-            .configmap;
+    let mut cm: ConfigMap = wasmop::plugin::package::package(
+        wasm,
+        "memcached",
+        env.name(),
+        settings.map(str::to_owned),
+    )
+    .expect("a plugin ConfigMap")
+    .configmap;
     let ann = cm.metadata.annotations.get_or_insert_with(BTreeMap::new);
     for (k, v) in annotations {
         ann.insert(k.to_string(), v.to_string());
@@ -109,11 +113,8 @@ async fn phases(env: &Env) -> Vec<(i64, Phase)> {
 /// The parents a failure of revision `number` was recorded on (Warning Events).
 async fn failed_on(env: &Env, number: i64) -> BTreeSet<String> {
     let needle = format!(", revision {number} failed");
-    let api: Api<Event> = env.ns.api();
-    api.list(&ListParams::default())
+    support::events(env)
         .await
-        .unwrap()
-        .items
         .into_iter()
         .filter(|e| {
             e.involved_object.kind.as_deref() == Some("Memcached")
@@ -133,8 +134,8 @@ async fn a_bad_canary_rolls_back_at_its_first_step_and_a_good_one_survives_a_fai
     // The first revision goes live at once whatever the strategy: there is nothing to compare.
     put(&env, &v1, None, &canary("2")).await;
     let args = ["--leader-elect"];
-    let a = Host::start_as(&env.kubeconfig, env.name(), "wasmop-a", &args);
-    let b = Host::start_as(&env.kubeconfig, env.name(), "wasmop-b", &args);
+    let a = env.host().pod("wasmop-a").args(&args).start();
+    let b = env.host().pod("wasmop-b").args(&args).start();
     for i in 0..n {
         env.put_memcached(&parent(i), 0).await;
     }

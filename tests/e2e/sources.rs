@@ -12,7 +12,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams};
 
-use crate::common::{Env, rss_mib, wait_event};
+use support::{Env, rss_mib, wait_event};
 
 /// What each module inflates to: the most a module may be.
 const INFLATED: usize = 64 << 20;

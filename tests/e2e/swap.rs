@@ -5,7 +5,7 @@ use std::time::Instant;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 
-use crate::common::{Env, TIMEOUT};
+use support::{Env, TIMEOUT};
 
 async fn services(env: &Env) -> Vec<String> {
     let list = env

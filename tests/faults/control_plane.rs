@@ -5,13 +5,13 @@ use std::time::{Duration, Instant};
 
 use testenv::Part;
 
-use crate::common::Env;
 use crate::fleet::{PARENTS, converged, measured, memcached_fleet, scale, signal, writes};
 use crate::{plane, serial};
+use support::Env;
 
 /// Kills `part` mid-convergence (just after the fleet was scaled to `size`), brings it back
 /// after a second, and measures convergence from then.
-async fn kill_and_restart(env: &Env, host: &crate::common::Host, part: Part, size: i64) {
+async fn kill_and_restart(env: &Env, host: &support::Host, part: Part, size: i64) {
     let plane = plane().await;
     let before = writes(host, "").await;
     scale(env, PARENTS, size).await;

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ListParams, Patch, PatchParams};
 use serde_json::json;
 
-use crate::common::{Env, Host, http_get};
+use support::{Env, Host, http_get};
 
 /// Parents per fault test.
 pub const PARENTS: usize = 200;

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::ListParams;
 
-use crate::common::{Env, Host, TIMEOUT};
 use crate::fleet::{PARENTS, converged, memcached_wasm, scale, signal};
 use crate::serial;
+use support::{Env, TIMEOUT};
 
 const LEADER: &str = "became the leader";
 
@@ -36,8 +36,8 @@ async fn a_frozen_leader_that_wakes_up_deposed_writes_nothing_and_exits() {
     let env = Env::new("f-leader").await;
     env.put_plugin("memcached", &memcached_wasm(), None).await;
     let args = ["--leader-elect"];
-    let a = Host::start_with(&env.kubeconfig, env.name(), &args);
-    let b = Host::start_with(&env.kubeconfig, env.name(), &args);
+    let a = env.host().args(&args).start();
+    let b = env.host().args(&args).start();
     let first = testenv::wait_for("a leader", TIMEOUT, || async {
         Ok::<_, String>([&a, &b].iter().position(|h| h.logs().contains(LEADER)))
     })
@@ -112,7 +112,7 @@ async fn a_leader_killed_and_restarted_as_the_same_pod_leads_again() {
     let env = Env::new("f-relead").await;
     env.put_plugin("memcached", &memcached_wasm(), None).await;
     let args = ["--leader-elect"];
-    let first = Host::start_as(&env.kubeconfig, env.name(), "wasmop-0", &args);
+    let first = env.host().pod("wasmop-0").args(&args).start();
     testenv::wait_for("the first run to lead", TIMEOUT, || async {
         Ok::<_, String>(first.logs().contains(LEADER).then_some(()))
     })
@@ -122,7 +122,7 @@ async fn a_leader_killed_and_restarted_as_the_same_pod_leads_again() {
     converged(&env, 20, 1, &first).await;
     first.kill();
 
-    let mut again = Host::start_as(&env.kubeconfig, env.name(), "wasmop-0", &args);
+    let mut again = env.host().pod("wasmop-0").args(&args).start();
     let restarted = Instant::now();
     scale(&env, 20, 2).await;
     converged(&env, 20, 2, &again).await;

@@ -7,8 +7,6 @@
 //! `docs/reliability.md` tabulates: `cargo test -p wasmop --test faults -- --nocapture`.
 
 #[allow(dead_code)]
-#[path = "../e2e/common.rs"]
-mod common;
 mod fleet;
 
 mod control_plane;

@@ -3,9 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use crate::common::{Env, Host};
 use crate::fleet::{PARENTS, converged, measured, memcached_wasm, scale, writes};
 use crate::{plane, serial};
+use support::{Env, Host};
 
 /// How long the path stays dead: longer than the host's 30 s read timeout.
 const BLACK_HOLE: Duration = Duration::from_secs(40);
@@ -30,7 +30,7 @@ async fn a_black_holed_connection_fails_calls_in_time_and_heals() {
         .work_dir()
         .join(format!("kubeconfig-via-{}", proxy.addr().port()));
     std::fs::write(&kubeconfig, plane.kubeconfig_via(proxy.addr())).unwrap();
-    let host = Host::start(&kubeconfig, env.name());
+    let host = Host::build(&kubeconfig, env.name()).start();
     scale(&env, PARENTS, 1).await;
     converged(&env, PARENTS, 1, &host).await;
 
@@ -81,6 +81,6 @@ async fn a_black_holed_connection_fails_calls_in_time_and_heals() {
         "exited {exit:?} after SIGTERM"
     );
     proxy.heal();
-    let host = Host::start(&kubeconfig, env.name());
+    let host = Host::build(&kubeconfig, env.name()).start();
     converged(&env, PARENTS, 1, &host).await;
 }

@@ -7,11 +7,9 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, ListParams};
 
-use crate::common::{
-    Env, TIMEOUT, install_crds, put_probe, wait_configmap, wait_event, wait_not_ready,
-};
 use crate::fleet::{converged, measured, memcached_fleet, memcached_wasm, scale, writes};
 use crate::serial;
+use support::{Env, TIMEOUT, install_crds, put_probe, wait_configmap, wait_event, wait_not_ready};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn revoked_rights_and_a_deleted_crd_stop_one_plugin_and_heal_by_themselves() {
@@ -78,7 +76,7 @@ async fn revoked_rights_and_a_deleted_crd_stop_one_plugin_and_heal_by_themselves
         writes(&host, "").await - before,
         "",
     );
-    let resumed = crate::common::events_for(&env, "ConfigMap", "adversarial").await;
+    let resumed = support::events_for(&env, "ConfigMap", "adversarial").await;
     assert!(
         resumed
             .iter()

@@ -14,9 +14,9 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use wasmop::plugin::revision::{Phase, Revisions};
 use wasmop::plugin::rollout::STRATEGY_ANNOTATION;
 
-use crate::common::{TIMEOUT, wait_event};
 use crate::fleet::{self, CONVERGE_TIMEOUT, memcached_fleet};
 use crate::serial;
+use support::{TIMEOUT, wait_event};
 
 const IMAGE: &str = "memcached:1.6.38";
 
@@ -80,7 +80,7 @@ async fn a_preview_writes_nothing_shows_each_diff_and_promotes() {
     let cpu_before = cpu(host.pid());
 
     // The second build, with new settings, previewed.
-    let mut cm: ConfigMap = wasmop::cmd::package::package(
+    let mut cm: ConfigMap = wasmop::plugin::package::package(
         &v2,
         "memcached",
         env.name(),

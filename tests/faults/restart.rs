@@ -6,11 +6,11 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use kube::api::ListParams;
 
-use crate::common::Env;
 use crate::fleet::{
     self, PARENTS, converged, counter, measured, memcached_fleet, memcached_wasm, scale, writes,
 };
 use crate::serial;
+use support::Env;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_restart_with_nothing_changed_writes_nothing() {

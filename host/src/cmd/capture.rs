@@ -26,7 +26,7 @@ use crate::gather::{self, ObjectList};
 use crate::kinds::{Kinds, ResolvedKind};
 use crate::plugin::revision::{Phase, Revisions};
 use crate::plugin::source;
-use crate::sandbox::{Limits, Sandbox, SandboxConfig};
+use crate::sandbox::Limits;
 
 /// The file of a capture that describes it as a whole.
 pub const META_FILE: &str = "capture.json";
@@ -95,12 +95,7 @@ async fn capture(args: CaptureArgs) -> anyhow::Result<()> {
     };
     let src = source::read(&cm, &Limits::default())
         .with_context(|| format!("reading plugin {plugin_name}"))?;
-    let sandbox = Sandbox::new(SandboxConfig {
-        max_instances: 2,
-        ..SandboxConfig::default()
-    })?;
-    let plugin = sandbox
-        .load_blocking(&src.wasm, src.limits)
+    let plugin = crate::plugin::offline::load(&src.wasm, src.limits)
         .with_context(|| format!("loading plugin {plugin_name}"))?;
     let manifest = plugin.manifest().clone();
     let kinds = crate::kinds::resolve(&client, &manifest)

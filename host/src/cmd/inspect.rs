@@ -23,7 +23,7 @@ struct Report<'a> {
 
 /// Runs `wasmop inspect`.
 pub fn run(args: InspectArgs) -> anyhow::Result<()> {
-    let (wasm, plugin) = super::load_module(&args.plugin)?;
+    let (wasm, plugin) = crate::plugin::offline::load_file(&args.plugin)?;
     let report = Report {
         digest: plugin.digest(),
         size: plugin.size(),

@@ -39,22 +39,3 @@ pub fn print(text: &str) -> anyhow::Result<()> {
         other => Ok(other?),
     }
 }
-
-/// Reads a module from `path` and loads it in a one-slot sandbox with default limits, for the
-/// offline commands: a module that would not load in the host is refused here too.
-pub fn load_module(path: &std::path::Path) -> anyhow::Result<(Vec<u8>, crate::sandbox::Plugin)> {
-    use anyhow::Context;
-    let wasm = std::fs::read(path).with_context(|| format!("reading plugin {}", path.display()))?;
-    let plugin = probe(&wasm).with_context(|| format!("loading plugin {}", path.display()))?;
-    Ok((wasm, plugin))
-}
-
-/// Compiles `wasm` in a one-instance sandbox and asks it for its manifest.
-pub fn probe(wasm: &[u8]) -> anyhow::Result<crate::sandbox::Plugin> {
-    use crate::sandbox::{Limits, Sandbox, SandboxConfig};
-    let sandbox = Sandbox::new(SandboxConfig {
-        max_instances: 1,
-        ..SandboxConfig::default()
-    })?;
-    Ok(sandbox.load_blocking(wasm, Limits::default())?)
-}

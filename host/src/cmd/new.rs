@@ -13,7 +13,7 @@ use anyhow::{Context, bail};
 use wasmop_contract::names::{is_dns1123_label, is_dns1123_subdomain};
 
 use crate::cli::NewArgs;
-use crate::cmd::rbac::guess_plural;
+use crate::plugin::rbac::guess_plural;
 
 /// The SDK version a scaffold depends on when no `--sdk-path` is given.
 pub const SDK_VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,68 +1,16 @@
-//! `wasmop package`: a plugin module as the ConfigMap the host loads it from.
-//!
-//! The module is loaded in the sandbox first, as `inspect` does, so a broken module is refused
-//! here rather than in a cluster. It is stored gzipped (`<name>.wasm.gz`) when that is smaller,
-//! raw (`<name>.wasm`) otherwise, and refused when it cannot fit a ConfigMap even so.
-//!
-//! The API server limits a ConfigMap to 1 MiB ([`CONFIGMAP_LIMIT`]): the sum of its `data` and
-//! `binaryData` values, counted as raw bytes. `binaryData` travels base64-encoded in JSON and
-//! YAML, but neither validation nor etcd (which stores protobuf) counts that overhead: a
-//! ConfigMap holding exactly 1 MiB of binary data is accepted, one byte more is not.
-
-use std::collections::BTreeMap;
-use std::io::Write;
+//! `wasmop package`: prints a plugin module as the ConfigMap the host loads it from
+//! ([`crate::plugin::package`]). The module is loaded in the sandbox first, as `inspect` does,
+//! so a broken module is refused here rather than in a cluster.
 
 use anyhow::Context;
-use flate2::Compression;
-use flate2::write::GzEncoder;
-use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::ObjectMeta;
-use wasmop_contract::names::is_dns1123_subdomain;
 
 use crate::cli::PackageArgs;
-use crate::plugin::PLUGIN_LABEL;
-use crate::plugin::source::SETTINGS_KEY;
-
-/// Largest total of a ConfigMap's values the API server accepts.
-pub const CONFIGMAP_LIMIT: usize = 1 << 20;
-
-/// Why a module cannot be packaged.
-#[derive(Debug, thiserror::Error)]
-pub enum PackageError {
-    /// Not a valid ConfigMap name.
-    #[error("{0:?} is not a valid ConfigMap name (lowercase letters, digits, '-' and '.')")]
-    Name(String),
-    /// Too large even gzipped.
-    #[error(
-        "the module does not fit a ConfigMap: {raw} bytes, {gzipped} gzipped{settings}, and a \
-         ConfigMap holds at most {CONFIGMAP_LIMIT} bytes; make it smaller (build with \
-         opt-level \"s\", strip debug info, drop dependencies)"
-    )]
-    TooLarge {
-        /// The module's size.
-        raw: usize,
-        /// Its size gzipped.
-        gzipped: usize,
-        /// `", plus N bytes of settings"`, or empty.
-        settings: String,
-    },
-}
-
-/// A packaged plugin.
-#[derive(Debug)]
-pub struct Packaged {
-    /// The ConfigMap.
-    pub configmap: ConfigMap,
-    /// The module key: `<name>.wasm` or `<name>.wasm.gz`.
-    pub key: String,
-    /// Bytes stored under [`Self::key`].
-    pub stored: usize,
-}
+use crate::plugin::offline;
+use crate::plugin::package::package;
 
 /// Runs `wasmop package`.
 pub fn run(args: PackageArgs) -> anyhow::Result<()> {
-    let (wasm, plugin) = super::load_module(&args.plugin)?;
+    let (wasm, plugin) = offline::load_file(&args.plugin)?;
     let settings = match &args.settings {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -89,139 +37,4 @@ pub fn run(args: PackageArgs) -> anyhow::Result<()> {
         packaged.stored,
         serde_yaml::to_string(&packaged.configmap)?
     ))
-}
-
-/// Builds the ConfigMap named `name` in `namespace` for `wasm`, gzipped when that is smaller.
-pub fn package(
-    wasm: &[u8],
-    name: &str,
-    namespace: &str,
-    settings: Option<String>,
-) -> Result<Packaged, PackageError> {
-    if !is_dns1123_subdomain(name) {
-        return Err(PackageError::Name(name.to_string()));
-    }
-    let gzipped = gzip(wasm);
-    let (key, bytes) = if gzipped.len() < wasm.len() {
-        (format!("{name}.wasm.gz"), gzipped.clone())
-    } else {
-        (format!("{name}.wasm"), wasm.to_vec())
-    };
-    let settings_len = settings.as_ref().map_or(0, String::len);
-    if bytes.len() + settings_len > CONFIGMAP_LIMIT {
-        return Err(PackageError::TooLarge {
-            raw: wasm.len(),
-            gzipped: gzipped.len(),
-            settings: if settings_len > 0 {
-                format!(", plus {settings_len} bytes of settings")
-            } else {
-                String::new()
-            },
-        });
-    }
-    let stored = bytes.len();
-    let configmap = ConfigMap {
-        metadata: ObjectMeta {
-            name: Some(name.to_string()),
-            namespace: Some(namespace.to_string()),
-            labels: Some(BTreeMap::from([(PLUGIN_LABEL.to_string(), String::new())])),
-            ..Default::default()
-        },
-        binary_data: Some(BTreeMap::from([(key.clone(), ByteString(bytes))])),
-        data: settings.map(|s| BTreeMap::from([(SETTINGS_KEY.to_string(), s)])),
-        ..Default::default()
-    };
-    Ok(Packaged {
-        configmap,
-        key,
-        stored,
-    })
-}
-
-/// `gzip -9`, deterministic (no timestamp, no file name), so a package is reproducible.
-fn gzip(bytes: &[u8]) -> Vec<u8> {
-    let mut encoder = GzEncoder::new(Vec::new(), Compression::best());
-    encoder
-        .write_all(bytes)
-        .and_then(|()| encoder.finish())
-        .expect("writing to memory does not fail")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::plugin::source;
-
-    /// Bytes gzip cannot shrink: a simple xorshift stream.
-    fn noise(len: usize) -> Vec<u8> {
-        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-        (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
-    }
-
-    #[test]
-    fn compressible_modules_are_gzipped_and_read_back() {
-        let wasm = [b"\0asm".as_slice(), &[7u8; 50_000]].concat();
-        let p = package(&wasm, "demo", "ops", Some("replicas: 2\n".into())).unwrap();
-        assert_eq!(p.key, "demo.wasm.gz");
-        assert!(p.stored < 1_000, "{}", p.stored);
-        let cm = &p.configmap;
-        assert_eq!(cm.metadata.namespace.as_deref(), Some("ops"));
-        assert!(
-            cm.metadata
-                .labels
-                .as_ref()
-                .unwrap()
-                .contains_key(PLUGIN_LABEL)
-        );
-        // The host reads back exactly the module and the settings.
-        let source = source::read(cm, &crate::sandbox::Limits::default()).unwrap();
-        assert_eq!(source.wasm, wasm);
-        assert_eq!(source.settings["replicas"], 2);
-    }
-
-    #[test]
-    fn incompressible_modules_stay_raw() {
-        let wasm = noise(10_000);
-        let p = package(&wasm, "demo", "wasmop-system", None).unwrap();
-        assert_eq!(p.key, "demo.wasm");
-        assert_eq!(p.stored, wasm.len());
-        assert!(p.configmap.data.is_none());
-        assert_eq!(
-            source::read(&p.configmap, &crate::sandbox::Limits::default())
-                .unwrap()
-                .wasm,
-            wasm
-        );
-    }
-
-    #[test]
-    fn the_limit_is_one_mebibyte_of_raw_values() {
-        let fits = noise(CONFIGMAP_LIMIT - 100);
-        package(&fits, "big", "x", None).unwrap();
-        let err = package(&fits, "big", "x", Some("a".repeat(200)))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("plus 200 bytes of settings"), "{err}");
-        let err = package(&noise(CONFIGMAP_LIMIT + 1), "big", "x", None)
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("does not fit a ConfigMap"), "{err}");
-        assert!(
-            err.contains(&format!("at most {CONFIGMAP_LIMIT} bytes")),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn names_must_be_configmap_names() {
-        let err = package(b"\0asm", "Not_Valid", "x", None).unwrap_err();
-        assert!(matches!(err, PackageError::Name(_)));
-    }
 }

@@ -45,7 +45,8 @@ use wasmop_contract::{KindRef, Manifest};
 use crate::cli::RenderArgs;
 use crate::gather::{self, ObjectList};
 use crate::kinds::Scope;
-use crate::sandbox::{Limits, Plugin, Sandbox, SandboxConfig};
+use crate::plugin::offline;
+use crate::sandbox::{Limits, Plugin};
 
 /// The output format, for `wasmop render --help` (`#[command(after_help = …)]`).
 pub const AFTER_HELP: &str = "\
@@ -75,22 +76,13 @@ pub const RENDER_API_VERSION: &str = "render.wasmop.io/v1";
 /// Runs `wasmop render`.
 pub fn run(args: RenderArgs) -> anyhow::Result<()> {
     init_logging();
-    let wasm = std::fs::read(&args.plugin)
-        .with_context(|| format!("reading plugin {}", args.plugin.display()))?;
+    let (_, plugin) = offline::load_file_with(&args.plugin, Limits::from(&args.limits))?;
     let mut parent = read_one(&args.parent)?;
     let observed = read_observed(&args.observed)?;
     let settings = match &args.settings {
         Some(path) => read_one(path)?,
         None => Value::Null,
     };
-
-    let sandbox = Sandbox::new(SandboxConfig {
-        max_instances: 2,
-        ..SandboxConfig::default()
-    })?;
-    let plugin = sandbox
-        .load_blocking(&wasm, Limits::from(&args.limits))
-        .with_context(|| format!("loading plugin {}", args.plugin.display()))?;
 
     let parent_kind = KindRef::of_object(&parent).with_context(|| {
         format!(

@@ -19,21 +19,14 @@ use wasmop_contract::{KindRef, Scope};
 use super::capture::{META_FILE, Meta, Record};
 use crate::apply::preview::{FieldChange, changes};
 use crate::cli::ReplayArgs;
-use crate::sandbox::{Limits, Plugin, Sandbox, SandboxConfig};
+use crate::sandbox::{Limits, Plugin};
 
 /// Runs `wasmop replay`; an error when any answer differs.
 pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
     let dir = &args.dir;
     let meta: Meta = read(&dir.join(META_FILE))?;
-    let wasm = std::fs::read(&args.plugin)
-        .with_context(|| format!("reading plugin {}", args.plugin.display()))?;
-    let sandbox = Sandbox::new(SandboxConfig {
-        max_instances: 2,
-        ..SandboxConfig::default()
-    })?;
-    let plugin = sandbox
-        .load_blocking(&wasm, Limits::from(&args.limits))
-        .with_context(|| format!("loading plugin {}", args.plugin.display()))?;
+    let (_, plugin) =
+        crate::plugin::offline::load_file_with(&args.plugin, Limits::from(&args.limits))?;
     let scopes = meta.namespaced.clone();
     let manifest = plugin.manifest();
     let mut differ = 0;

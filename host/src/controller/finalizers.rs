@@ -1,5 +1,4 @@
-//! A plugin's finalizer on its parents: put on and taken off by a reconcile ([`add`],
-//! [`remove`]), and taken off every parent once nothing will ever remove it otherwise: the
+//! A plugin's finalizer on its parents: put on and taken off by a reconcile ([`set`]), and taken off every parent once nothing will ever remove it otherwise: the
 //! plugin's ConfigMap is gone, or its new version no longer asks for that finalizer.
 //! [`release_all`] works from the controller's cache while the plugin still runs;
 //! [`release_listed`] lists the parents itself, for a plugin whose ConfigMap was deleted while
@@ -53,7 +52,7 @@ pub async fn release_all(shared: &Shared, finalizer: &str) -> usize {
             else {
                 break;
             };
-            match remove(&api, &current, finalizer).await {
+            match set(&api, &current, finalizer, false).await {
                 Ok(()) => {
                     released += 1;
                     break;
@@ -194,34 +193,18 @@ fn carries(meta: &ObjectMeta, finalizer: &str) -> bool {
     meta.finalizers.iter().flatten().any(|f| f == finalizer)
 }
 
-/// Puts `finalizer` on `parent`.
-pub(super) async fn add(
+/// Puts `finalizer` on `parent` (`on`) or takes it off, as of the version the cache holds.
+pub(super) async fn set(
     api: &Api<DynamicObject>,
     parent: &Object,
     finalizer: &str,
+    on: bool,
 ) -> Result<(), ReconcileError> {
-    let mut list = parent.finalizers().to_vec();
-    list.push(finalizer.to_string());
-    set_on(api, parent, list, finalizer).await
-}
-
-/// Takes `finalizer` off `parent`.
-pub(super) async fn remove(
-    api: &Api<DynamicObject>,
-    parent: &Object,
-    finalizer: &str,
-) -> Result<(), ReconcileError> {
-    let mut list = parent.finalizers().to_vec();
+    let mut list: Vec<String> = parent.finalizers().to_vec();
     list.retain(|f| f != finalizer);
-    set_on(api, parent, list, finalizer).await
-}
-
-async fn set_on(
-    api: &Api<DynamicObject>,
-    parent: &Object,
-    list: Vec<String>,
-    finalizer: &str,
-) -> Result<(), ReconcileError> {
+    if on {
+        list.push(finalizer.to_string());
+    }
     let (name, version) = (parent.name(), parent.resource_version());
     set_finalizers(api, name, version, list, finalizer).await
 }

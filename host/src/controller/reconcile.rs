@@ -313,7 +313,13 @@ impl<'a> Step<'a> {
             return Ok(false);
         }
         if self.manifest().finalizer && !self.deleting && !has {
-            finalizers::add(&self.api, self.parent, &self.manifest().finalizer_name()).await?;
+            finalizers::set(
+                &self.api,
+                self.parent,
+                &self.manifest().finalizer_name(),
+                true,
+            )
+            .await?;
         }
         Ok(true)
     }
@@ -523,7 +529,13 @@ impl<'a> Step<'a> {
     }
 
     async fn release_finalizer(&self) -> Result<(), ReconcileError> {
-        finalizers::remove(&self.api, self.parent, &self.manifest().finalizer_name()).await
+        finalizers::set(
+            &self.api,
+            self.parent,
+            &self.manifest().finalizer_name(),
+            false,
+        )
+        .await
     }
 }
 

@@ -222,6 +222,7 @@ fn after_reconcile(
 #[cfg(test)]
 mod tests {
     use super::super::error::ReconcileError;
+    use super::super::queue::Backoff;
     use super::*;
 
     fn key(name: &str) -> ObjKey {
@@ -238,6 +239,18 @@ mod tests {
             requeue_after,
             status_deferred,
         })
+    }
+
+    /// A schedule with the default timing, its debounce and backoff, and a resync.
+    fn schedule() -> (Schedule, Duration, Backoff, Duration) {
+        let config = Config::default();
+        let (debounce, backoff) = (config.debounce, config.backoff);
+        (
+            Schedule::new(config),
+            debounce,
+            backoff,
+            Duration::from_secs(600),
+        )
     }
 
     fn failed(error: ReconcileError) -> Result<Outcome, Error> {
@@ -321,10 +334,7 @@ mod tests {
     // The paused clock stands still unless advanced: every time below is exact.
     #[tokio::test(start_paused = true)]
     async fn a_parent_never_runs_twice_at_once_and_a_change_meanwhile_runs_it_again() {
-        let config = Config::default();
-        let debounce = config.debounce;
-        let resync = Duration::from_secs(600);
-        let mut s = Schedule::new(config);
+        let (mut s, debounce, _, resync) = schedule();
         let t0 = Instant::now();
         s.parent_seen(key("a"), 1, t0);
         let due = s.start_next(t0).expect("a new parent is due at once");
@@ -361,16 +371,11 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_status_only_update_triggers_nothing_and_a_deleted_parent_is_forgotten() {
-        let mut s = Schedule::new(Config::default());
+        let (mut s, _, _, resync) = schedule();
         let t0 = Instant::now();
         s.parent_seen(key("a"), 7, t0);
         s.start_next(t0).expect("due");
-        s.ended(
-            key("a"),
-            &ok(None, false, false),
-            Duration::from_secs(600),
-            t0,
-        );
+        s.ended(key("a"), &ok(None, false, false), resync, t0);
         s.parent_seen(key("a"), 7, t0);
         assert_eq!(s.start_next(t0), None, "same fingerprint: nothing to do");
         s.parent_seen(key("a"), 8, t0);
@@ -382,12 +387,7 @@ mod tests {
         // same name created again is new.
         s.forget(&key("a"));
         assert!(s.is_empty());
-        s.ended(
-            key("a"),
-            &ok(None, false, true),
-            Duration::from_secs(600),
-            t0,
-        );
+        s.ended(key("a"), &ok(None, false, true), resync, t0);
         assert_eq!(s.next_due(), None, "a gone parent is not scheduled again");
         s.parent_seen(key("a"), 8, t0);
         assert_eq!(
@@ -398,10 +398,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn failures_in_a_row_back_off_and_a_success_resets_them() {
-        let config = Config::default();
-        let backoff = config.backoff;
-        let resync = Duration::from_secs(600);
-        let mut s = Schedule::new(config);
+        let (mut s, _, backoff, resync) = schedule();
         let apply = || failed(ReconcileError::Apply(Vec::new()));
         s.schedule(key("a"), Instant::now(), Reason::Resync);
         for n in 1..=3 {

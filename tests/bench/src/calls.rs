@@ -87,7 +87,7 @@ pub fn opt_levels(shipped: &Path, levels: &[&str], calls: u32) -> Result<Vec<Opt
             build_at(level)?
         };
         let bytes = std::fs::read(&wasm).with_context(|| format!("reading {}", wasm.display()))?;
-        let stored = wasmop::cmd::package::package(&bytes, "memcached", "bench", None)?.stored;
+        let stored = wasmop::plugin::package::package(&bytes, "memcached", "bench", None)?.stored;
         let plugin = sandbox.load_blocking(&bytes, Limits::default())?;
         let calls = POD_COUNTS
             .iter()

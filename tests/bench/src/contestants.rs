@@ -419,8 +419,11 @@ pub async fn wait_loaded(host: &mut Proc, names: &[String]) -> Result<()> {
 /// which makes its writes, and its rights in every namespace.
 pub async fn grant_plugin(client: &Client, name: &str, wasm: &Path) -> Result<()> {
     let bytes = std::fs::read(wasm).with_context(|| format!("reading {}", wasm.display()))?;
-    let plugin = tokio::task::spawn_blocking(move || wasmop::cmd::probe(&bytes)).await??;
-    let options = wasmop::cmd::rbac::Options {
+    let plugin = tokio::task::spawn_blocking(move || {
+        wasmop::plugin::offline::load(&bytes, Default::default())
+    })
+    .await??;
+    let options = wasmop::plugin::rbac::Options {
         configmap: Some(name.to_string()),
         name: None,
         namespace: PLUGIN_NAMESPACE.into(),
@@ -428,7 +431,7 @@ pub async fn grant_plugin(client: &Client, name: &str, wasm: &Path) -> Result<()
         watch_namespace: None,
         plurals: Vec::new(),
     };
-    let objects = wasmop::cmd::rbac::objects(plugin.manifest(), &options)?;
+    let objects = wasmop::plugin::rbac::objects(plugin.manifest(), &options)?;
     testenv::apply_objects(client, objects, "wasmop-bench")
         .await
         .with_context(|| format!("granting plugin {name} its RBAC"))?;
@@ -438,7 +441,7 @@ pub async fn grant_plugin(client: &Client, name: &str, wasm: &Path) -> Result<()
 /// Creates or updates the plugin ConfigMap `name` with the module at `wasm`.
 pub async fn put_plugin(client: &Client, name: &str, wasm: &Path) -> Result<()> {
     let bytes = std::fs::read(wasm).with_context(|| format!("reading {}", wasm.display()))?;
-    let cm = wasmop::cmd::package::package(&bytes, name, PLUGIN_NAMESPACE, None)
+    let cm = wasmop::plugin::package::package(&bytes, name, PLUGIN_NAMESPACE, None)
         .with_context(|| format!("packaging {}", wasm.display()))?
         .configmap;
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), PLUGIN_NAMESPACE);

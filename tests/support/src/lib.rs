@@ -1,5 +1,6 @@
-//! What every end-to-end test needs: the shared control plane, its own namespace, the CRDs,
-//! plugin ConfigMaps, Memcached objects, and the host as a real process.
+//! What every plane-backed suite (`e2e`, `faults`, `shards`, `stage`) needs: the shared
+//! control plane, a test's own namespace, the CRDs, plugin ConfigMaps, Memcached objects, and
+//! the host as a real process ([`Host::build`]).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -19,8 +20,11 @@ pub const TIMEOUT: Duration = Duration::from_secs(120);
 
 /// One test's world.
 pub struct Env {
+    /// An admin client of the shared plane.
     pub client: Client,
+    /// Its kubeconfig, for processes.
     pub kubeconfig: PathBuf,
+    /// The test's namespace.
     pub ns: TestNamespace,
 }
 
@@ -38,6 +42,7 @@ impl Env {
         }
     }
 
+    /// The test's namespace's name.
     pub fn name(&self) -> &str {
         self.ns.name()
     }
@@ -57,20 +62,7 @@ impl Env {
     /// What `wasmop rbac --watch-namespace <ns>` prints for the plugin in ConfigMap `name`,
     /// as JSON documents; empty when the module does not load (a test of a bad module).
     pub async fn rbac(&self, name: &str, wasm: &[u8]) -> Vec<Value> {
-        let wasm = wasm.to_vec();
-        let Ok(Ok(plugin)) = tokio::task::spawn_blocking(move || wasmop::cmd::probe(&wasm)).await
-        else {
-            return Vec::new();
-        };
-        let options = wasmop::cmd::rbac::Options {
-            configmap: Some(name.to_string()),
-            name: None,
-            namespace: self.name().to_string(),
-            service_account: "wasmop".into(),
-            watch_namespace: Some(self.name().to_string()),
-            plurals: Vec::new(),
-        };
-        wasmop::cmd::rbac::objects(plugin.manifest(), &options).expect("rbac")
+        rbac(wasm, name, self.name(), Some(self.name()), None).await
     }
 
     /// Applies [`Env::rbac`], with the resources in `withhold` taken out of the plugin
@@ -91,7 +83,7 @@ impl Env {
     /// Creates or updates a plugin ConfigMap, and grants nothing.
     pub async fn put_plugin_only(&self, name: &str, wasm: &[u8], settings: Option<&str>) {
         let cm =
-            wasmop::cmd::package::package(wasm, name, self.name(), settings.map(str::to_owned))
+            wasmop::plugin::package::package(wasm, name, self.name(), settings.map(str::to_owned))
                 .expect("a plugin ConfigMap")
                 .configmap;
         let api: Api<ConfigMap> = self.ns.api();
@@ -159,7 +151,7 @@ impl Env {
     /// Runs the `wasmop` CLI on this namespace's cluster with `args` and `--namespace`; whether
     /// it succeeded, and its stdout and stderr together.
     pub fn wasmop(&self, args: &[&str]) -> (bool, String) {
-        let out = Command::new(env!("CARGO_BIN_EXE_wasmop"))
+        let out = Command::new(wasmop_bin())
             .args(args)
             .args(["--namespace", self.name()])
             .env("KUBECONFIG", &self.kubeconfig)
@@ -172,8 +164,61 @@ impl Env {
 
     /// Starts the host on this namespace (plugins and parents both live here).
     pub fn start_host(&self) -> Host {
-        Host::start(&self.kubeconfig, self.name())
+        self.host().start()
     }
+
+    /// A host for this namespace, to configure before starting it.
+    pub fn host(&self) -> Launch {
+        Host::build(&self.kubeconfig, self.name())
+    }
+}
+
+/// What `wasmop rbac` prints for the plugin `wasm` in ConfigMap `configmap` of the host's
+/// namespace `host_ns`: Roles in `watch`, or ClusterRoles (`None`), their names starting with
+/// `roles` (the plugin's ServiceAccount name when `None`; cluster-wide names must be unique to
+/// a test). Empty when the module does not load (a test of a bad module).
+pub async fn rbac(
+    wasm: &[u8],
+    configmap: &str,
+    host_ns: &str,
+    watch: Option<&str>,
+    roles: Option<String>,
+) -> Vec<Value> {
+    let wasm = wasm.to_vec();
+    let Ok(Ok(plugin)) = tokio::task::spawn_blocking(move || {
+        wasmop::plugin::offline::load(&wasm, Default::default())
+    })
+    .await
+    else {
+        return Vec::new();
+    };
+    let options = wasmop::plugin::rbac::Options {
+        configmap: Some(configmap.to_string()),
+        name: roles,
+        namespace: host_ns.to_string(),
+        service_account: "wasmop".into(),
+        watch_namespace: watch.map(str::to_string),
+        plurals: Vec::new(),
+    };
+    wasmop::plugin::rbac::objects(plugin.manifest(), &options).expect("rbac")
+}
+
+/// Applies [`rbac`] cluster-wide, with ClusterRoles named `roles` and the resources in
+/// `withhold` taken out of the plugin's rules.
+pub async fn grant_everywhere(
+    client: &Client,
+    wasm: &[u8],
+    configmap: &str,
+    host_ns: &str,
+    roles: &str,
+    withhold: &[&str],
+) {
+    let mut docs = rbac(wasm, configmap, host_ns, None, Some(roles.to_string())).await;
+    assert!(!docs.is_empty(), "the plugin loads offline");
+    withhold_from(&mut docs, "ClusterRole", roles, withhold);
+    testenv::apply_objects(client, docs, "e2e")
+        .await
+        .expect("the plugin's RBAC applied");
 }
 
 /// Takes the resources in `withhold` out of the rules of the `kind` (`Role` or `ClusterRole`)
@@ -211,6 +256,7 @@ pub fn rss_mib(pid: u32) -> (u64, u64) {
     (field("VmHWM:"), field("VmRSS:"))
 }
 
+/// The Memcached kind's resource.
 pub fn memcached_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("cache.example.com", "v1alpha1", "Memcached"),
@@ -278,71 +324,56 @@ pub fn test_crd(kind: &str, scope: &str) -> Value {
     })
 }
 
-/// The host, `wasmop run`, as a real process; killed when dropped.
-pub struct Host {
-    child: Child,
-    pub log: PathBuf,
+/// How a [`Host`] is started.
+#[must_use = "a Launch does nothing until started"]
+pub struct Launch {
+    kubeconfig: PathBuf,
+    namespace: String,
+    watch: Option<String>,
+    args: Vec<String>,
+    envs: Vec<(String, String)>,
 }
 
-impl Host {
-    pub fn start(kubeconfig: &Path, namespace: &str) -> Host {
-        Host::start_with(kubeconfig, namespace, &[])
+impl Launch {
+    /// Reconciles only in `namespace`.
+    pub fn watch(mut self, namespace: &str) -> Self {
+        self.watch = Some(namespace.to_string());
+        self
     }
 
-    /// Starts `wasmop run` with `extra` arguments.
-    pub fn start_with(kubeconfig: &Path, namespace: &str, extra: &[&str]) -> Host {
-        Host::start_in(kubeconfig, namespace, namespace, extra)
+    /// Reconciles in every namespace (a sharded replica, or a host serving many tenants).
+    pub fn everywhere(mut self) -> Self {
+        self.watch = None;
+        self
     }
 
-    /// Starts `wasmop run` with its plugins in `namespace`, reconciling only in `watch`, with
-    /// `extra` arguments.
-    pub fn start_in(kubeconfig: &Path, namespace: &str, watch: &str, extra: &[&str]) -> Host {
-        Host::launch(kubeconfig, namespace, Some(watch), extra, &[])
+    /// Runs as the pod `pod` (`POD_NAME`, its Lease identity).
+    pub fn pod(self, pod: &str) -> Self {
+        self.env("POD_NAME", pod)
     }
 
-    /// Starts `wasmop run` as the pod `pod`, reconciling in every namespace (a sharded
-    /// replica), with `extra` arguments. (The `shards` test binary's.)
-    #[allow(dead_code)]
-    pub fn start_everywhere_as(
-        kubeconfig: &Path,
-        namespace: &str,
-        pod: &str,
-        extra: &[&str],
-    ) -> Host {
-        Host::launch(kubeconfig, namespace, None, extra, &[("POD_NAME", pod)])
+    /// Adds `args` to `wasmop run`.
+    pub fn args(mut self, args: &[&str]) -> Self {
+        self.args.extend(args.iter().map(|a| a.to_string()));
+        self
     }
 
-    /// Starts `wasmop run` as the pod `pod` (`POD_NAME`, its Lease identity), with `extra`
-    /// arguments.
-    pub fn start_as(kubeconfig: &Path, namespace: &str, pod: &str, extra: &[&str]) -> Host {
-        Host::launch(
-            kubeconfig,
-            namespace,
-            Some(namespace),
-            extra,
-            &[("POD_NAME", pod)],
-        )
+    /// Sets the environment variable `key`.
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.envs.push((key.to_string(), value.to_string()));
+        self
     }
 
-    /// Starts `wasmop run` with these environment variables.
-    pub fn start_with_env(kubeconfig: &Path, namespace: &str, envs: &[(&str, &str)]) -> Host {
-        Host::launch(kubeconfig, namespace, Some(namespace), &[], envs)
-    }
-
-    fn launch(
-        kubeconfig: &Path,
-        namespace: &str,
-        watch: Option<&str>,
-        extra: &[&str],
-        envs: &[(&str, &str)],
-    ) -> Host {
+    /// Starts it; its log goes to `target/e2e-logs/`.
+    pub fn start(self) -> Host {
         let dir = test_artifacts::workspace_root().join("target/e2e-logs");
         std::fs::create_dir_all(&dir).unwrap();
-        let log = dir.join(format!("{}-{}.log", watch.unwrap_or(namespace), nanos()));
+        let name = self.watch.as_deref().unwrap_or(&self.namespace);
+        let log = dir.join(format!("{name}-{}.log", nanos()));
         let file = std::fs::File::create(&log).unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_wasmop"));
-        cmd.args(["run", "--namespace", namespace]);
-        if let Some(watch) = watch {
+        let mut cmd = Command::new(wasmop_bin());
+        cmd.args(["run", "--namespace", &self.namespace]);
+        if let Some(watch) = &self.watch {
             cmd.args(["--watch-namespace", watch]);
         }
         cmd
@@ -353,17 +384,56 @@ impl Host {
                 "--metrics-addr",
                 "127.0.0.1:0",
             ])
-            .args(extra)
-            .env("KUBECONFIG", kubeconfig)
+            .args(&self.args)
+            .env("KUBECONFIG", &self.kubeconfig)
             .env("RUST_LOG", "info,wasmop=debug")
-            .envs(envs.iter().copied())
+            .envs(self.envs)
             .stdin(Stdio::null())
             .stdout(file.try_clone().unwrap())
             .stderr(file);
         let child = testenv::spawn_tied(cmd).expect("start wasmop run");
         Host { child, log }
     }
+}
 
+/// The `wasmop` binary cargo built beside the running test (`target/<profile>/`: a test
+/// binary runs from `deps/` below it).
+pub fn wasmop_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("a test binary runs from target/<profile>/deps");
+    let bin = dir.join("wasmop");
+    assert!(
+        bin.exists(),
+        "{} is not built: run the suite with cargo test -p wasmop",
+        bin.display()
+    );
+    bin
+}
+
+/// The host, `wasmop run`, as a real process; killed when dropped.
+pub struct Host {
+    child: Child,
+    /// Where its stdout and stderr go.
+    pub log: PathBuf,
+}
+
+impl Host {
+    /// `wasmop run` with its plugins in `namespace`, reconciling there too unless the
+    /// [`Launch`] says otherwise.
+    pub fn build(kubeconfig: &Path, namespace: &str) -> Launch {
+        Launch {
+            kubeconfig: kubeconfig.to_path_buf(),
+            namespace: namespace.to_string(),
+            watch: Some(namespace.to_string()),
+            args: Vec::new(),
+            envs: Vec::new(),
+        }
+    }
+
+    /// Its process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
@@ -489,19 +559,19 @@ pub async fn wait_not_ready(api: &Api<DynamicObject>, name: &str, host: &Host) -
     ready(&status).expect("just seen")
 }
 
+/// The core/v1 Events in the test's namespace.
+pub async fn events(env: &Env) -> Vec<Event> {
+    let api: Api<Event> = env.ns.api();
+    api.list(&ListParams::default()).await.unwrap().items
+}
+
 /// The core/v1 Events in the test's namespace about `kind/name`.
 pub async fn events_for(env: &Env, kind: &str, name: &str) -> Vec<Event> {
-    let api: Api<Event> = env.ns.api();
-    api.list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| {
-            e.involved_object.kind.as_deref() == Some(kind)
-                && e.involved_object.name.as_deref() == Some(name)
-        })
-        .collect()
+    let about = |e: &Event| {
+        e.involved_object.kind.as_deref() == Some(kind)
+            && e.involved_object.name.as_deref() == Some(name)
+    };
+    events(env).await.into_iter().filter(about).collect()
 }
 
 /// Waits for ConfigMap `name` in the test's namespace (a plugin's child); the host's log in
