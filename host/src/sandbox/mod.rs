@@ -379,15 +379,15 @@ impl Sandbox {
             size = wasm.len(),
             "plugin loaded"
         );
-        let plugin = Plugin::new(
+        let plugin = Plugin::new(plugin::Parts {
             digest,
             manifest,
-            wasm.len(),
+            size: wasm.len(),
             limits,
-            self.inner.engine.clone(),
+            engine: self.inner.engine.clone(),
             pre,
-            Arc::clone(&self.inner.shared),
-        );
+            shared: Arc::clone(&self.inner.shared),
+        });
         crate::memory::give_back_freed_memory();
         Ok((plugin, got.origin, got.serialized))
     }

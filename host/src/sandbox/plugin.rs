@@ -33,17 +33,25 @@ const MAX_GUEST_ERROR: usize = 4 << 10;
 /// A plugin ready to be called. Cheap to clone; every call gets a fresh instance.
 #[derive(Clone)]
 pub struct Plugin {
-    inner: Arc<Inner>,
+    inner: Arc<Parts>,
 }
 
-struct Inner {
-    digest: String,
-    manifest: Manifest,
-    size: usize,
-    limits: Limits,
-    engine: Engine,
-    pre: PluginPre<CallState>,
-    shared: Arc<Shared>,
+/// What a [`Plugin`] is made of, as the sandbox loads it.
+pub(crate) struct Parts {
+    /// `sha256:<hex>` of the module.
+    pub digest: String,
+    /// What it declared.
+    pub manifest: Manifest,
+    /// The module's size in bytes.
+    pub size: usize,
+    /// Its limits.
+    pub limits: Limits,
+    /// The engine it was compiled for.
+    pub engine: Engine,
+    /// The component, linked and ready to instantiate.
+    pub pre: PluginPre<CallState>,
+    /// What every call of the sandbox shares.
+    pub shared: Arc<Shared>,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -58,25 +66,9 @@ impl std::fmt::Debug for Plugin {
 }
 
 impl Plugin {
-    pub(crate) fn new(
-        digest: String,
-        manifest: Manifest,
-        size: usize,
-        limits: Limits,
-        engine: Engine,
-        pre: PluginPre<CallState>,
-        shared: Arc<Shared>,
-    ) -> Self {
+    pub(crate) fn new(parts: Parts) -> Self {
         Self {
-            inner: Arc::new(Inner {
-                digest,
-                manifest,
-                size,
-                limits,
-                engine,
-                pre,
-                shared,
-            }),
+            inner: Arc::new(parts),
         }
     }
 
