@@ -199,6 +199,8 @@ pub struct Crd {
     status: Value,
     columns: Vec<Column>,
     short_names: Vec<String>,
+    // The scale subresource: the spec's and the status's replica counts.
+    scale: Option<(String, String)>,
 }
 
 impl Crd {
@@ -221,7 +223,16 @@ impl Crd {
             status: clean(K::Status::json_schema(&mut generator).to_value()),
             columns: Vec::new(),
             short_names: Vec::new(),
+            scale: None,
         }
+    }
+
+    /// Adds the scale subresource (`kubectl scale`, autoscalers): the paths of the replica
+    /// counts the spec asks for and the status reports, as `.spec.replicas`.
+    #[must_use]
+    pub fn scale(mut self, spec_replicas: &str, status_replicas: &str) -> Self {
+        self.scale = Some((spec_replicas.into(), status_replicas.into()));
+        self
     }
 
     /// Adds a printer column: `type_` is `string`, `integer`, `number`, `boolean` or `date`.
@@ -304,6 +315,10 @@ impl Crd {
         if !self.short_names.is_empty() {
             names["shortNames"] = json!(self.short_names);
         }
+        let mut subresources = json!({"status": {}});
+        if let Some((spec, status)) = &self.scale {
+            subresources["scale"] = json!({"specReplicasPath": spec, "statusReplicasPath": status});
+        }
         json!({
             "apiVersion": "apiextensions.k8s.io/v1",
             "kind": "CustomResourceDefinition",
@@ -316,7 +331,7 @@ impl Crd {
                     "name": self.version,
                     "served": true,
                     "storage": true,
-                    "subresources": {"status": {}},
+                    "subresources": subresources,
                     "additionalPrinterColumns": columns,
                     "schema": {"openAPIV3Schema": Value::Object(root)},
                 }],
@@ -343,13 +358,15 @@ fn doc_text(doc: &str) -> String {
 
 /// Drops what a CRD schema should not hold: `$schema`, `title`, and the `default`s that
 /// `#[serde(default)]` adds (serde applies them in the plugin; in the CRD the API server would
-/// write them into every object). Property names are left alone.
+/// write them into every object). Property names are left alone. What JSON Schema says in
+/// ways a structural schema may not is said the Kubernetes way ([`structural`]).
 fn clean(mut value: Value) -> Value {
     match &mut value {
         Value::Object(map) => {
             map.remove("$schema");
             map.remove("title");
             map.remove("default");
+            structural(map);
             for (key, v) in map.iter_mut() {
                 match (key.as_str(), v) {
                     ("properties", Value::Object(props)) => {
@@ -370,6 +387,70 @@ fn clean(mut value: Value) -> Value {
         _ => {}
     }
     value
+}
+
+/// Rewrites one schema node the way a structural schema says it (the API server refuses the
+/// JSON Schema forms): `type: [T, "null"]` (an `Option<T>`) becomes `type: T` with `nullable`;
+/// `anyOf`/`oneOf` of a schema and `null` (an `Option` of a struct or an enum) becomes that
+/// schema with `nullable`; a `oneOf` of string constants (an enum whose variants carry docs)
+/// becomes an `enum` of strings; a `const` becomes a one-value `enum`.
+fn structural(map: &mut Map<String, Value>) {
+    let is_null = |v: &Value| {
+        v.get("type") == Some(&json!("null"))
+            || (v.get("nullable") == Some(&json!(true)) && v.get("const") == Some(&Value::Null))
+    };
+    if let Some(Value::Array(types)) = map.get("type") {
+        let rest: Vec<Value> = types.iter().filter(|t| *t != "null").cloned().collect();
+        if rest.len() < types.len() {
+            map.insert("nullable".into(), json!(true));
+        }
+        if let [one] = rest.as_slice() {
+            map.insert("type".into(), one.clone());
+        }
+    }
+    for key in ["anyOf", "oneOf"] {
+        let Some(Value::Array(branches)) = map.get(key) else {
+            continue;
+        };
+        let rest: Vec<Value> = branches.iter().filter(|b| !is_null(b)).cloned().collect();
+        if let ([one], true) = (rest.as_slice(), rest.len() < branches.len()) {
+            let Value::Object(inner) = one.clone() else {
+                continue;
+            };
+            map.remove(key);
+            for (k, v) in inner {
+                // The field's own description wins over its type's.
+                map.entry(k).or_insert(v);
+            }
+            map.insert("nullable".into(), json!(true));
+            structural(map);
+            return;
+        }
+        let strings: Option<Vec<Vec<Value>>> = branches
+            .iter()
+            .map(|b| match (b.get("type"), b.get("const"), b.get("enum")) {
+                (Some(t), Some(c), _) if t == "string" => Some(vec![c.clone()]),
+                (Some(t), None, Some(Value::Array(e))) if t == "string" => Some(e.clone()),
+                _ => None,
+            })
+            .collect();
+        if let Some(values) = strings {
+            map.remove(key);
+            map.insert("type".into(), json!("string"));
+            map.insert("enum".into(), Value::Array(values.concat()));
+        }
+    }
+    if map.get("const") == Some(&Value::Null) {
+        map.remove("const");
+    } else if let Some(value) = map.remove("const") {
+        map.insert("enum".into(), json!([value]));
+    }
+    // The API server checks a null against an enum even when it is nullable, and refuses it;
+    // a field that is not nullable has its null dropped before validation instead, which
+    // reads as `None` all the same.
+    if map.contains_key("enum") {
+        map.remove("nullable");
+    }
 }
 
 /// `status.conditions` as the host writes it: a list keyed by `type`, each with the fields
@@ -424,6 +505,111 @@ mod tests {
     #[test]
     fn doc_lines_join() {
         assert_eq!(doc_text(" A thing.\n with more.\n"), "A thing. with more.");
+    }
+
+    /// Every field type the guide recommends, as a spec.
+    #[derive(serde::Deserialize, JsonSchema)]
+    #[allow(dead_code)]
+    struct Everything {
+        /// A plain field.
+        size: i32,
+        /// Absent or a number.
+        replicas: Option<u32>,
+        /// Absent or a struct.
+        tls: Option<Nested>,
+        labels: std::collections::BTreeMap<String, String>,
+        #[serde(default)]
+        ports: Vec<Nested>,
+        tier: Tier,
+        mode: Option<Tier>,
+        /// Defaulted in the plugin.
+        #[serde(default = "ten")]
+        timeout: u64,
+    }
+
+    #[derive(serde::Deserialize, JsonSchema)]
+    #[allow(dead_code)]
+    struct Nested {
+        name: String,
+        port: Option<u16>,
+    }
+
+    /// A unit enum whose variants carry docs.
+    #[derive(serde::Deserialize, JsonSchema)]
+    #[allow(dead_code)]
+    enum Tier {
+        /// Small.
+        Small,
+        /// Large.
+        Large,
+        Huge,
+    }
+
+    fn ten() -> u64 {
+        10
+    }
+
+    /// What a structural schema may not hold, anywhere below `v`.
+    fn unstructural(v: &Value, at: &str, found: &mut Vec<String>) {
+        let Value::Object(map) = v else {
+            if let Value::Array(items) = v {
+                items.iter().for_each(|i| unstructural(i, at, found));
+            }
+            return;
+        };
+        for key in ["anyOf", "oneOf", "allOf", "const", "$ref", "default"] {
+            if map.contains_key(key) {
+                found.push(format!("{at}: {key}"));
+            }
+        }
+        if map.get("type").is_some_and(|t| !t.is_string()) {
+            found.push(format!("{at}: type {}", map["type"]));
+        }
+        for (k, child) in map {
+            if k != "enum" && k != "required" {
+                unstructural(child, &format!("{at}.{k}"), found);
+            }
+        }
+    }
+
+    #[test]
+    fn every_recommended_field_type_gives_a_structural_schema() {
+        let mut generator = SchemaSettings::openapi3()
+            .with(|s| {
+                s.inline_subschemas = true;
+                s.meta_schema = None;
+            })
+            .into_generator();
+        let spec = clean(Everything::json_schema(&mut generator).to_value());
+        let mut found = Vec::new();
+        unstructural(&spec, "spec", &mut found);
+        assert!(found.is_empty(), "{found:?}\n{spec:#}");
+        let props = &spec["properties"];
+        assert_eq!(props["replicas"]["type"], "integer");
+        assert_eq!(props["replicas"]["nullable"], true);
+        assert_eq!(props["tls"]["type"], "object");
+        assert_eq!(props["tls"]["nullable"], true);
+        assert_eq!(props["tls"]["description"], "Absent or a struct.");
+        assert_eq!(props["tls"]["properties"]["port"]["nullable"], true);
+        let variants = |v: &Value| {
+            let mut names: Vec<String> = v["enum"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|n| n.as_str().map(str::to_owned))
+                .collect();
+            names.sort();
+            names
+        };
+        assert_eq!(props["tier"]["type"], "string");
+        assert_eq!(variants(&props["tier"]), ["Huge", "Large", "Small"]);
+        assert!(
+            props["mode"].get("nullable").is_none(),
+            "a null enum is dropped by the API server, not checked against the enum"
+        );
+        assert_eq!(variants(&props["mode"]), ["Huge", "Large", "Small"]);
+        assert_eq!(props["labels"]["additionalProperties"]["type"], "string");
+        assert!(props["timeout"].get("default").is_none());
     }
 
     #[test]

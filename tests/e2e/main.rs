@@ -6,6 +6,7 @@
 //! `wasmop-system`, where `kubectl apply -k deploy/` installs the host.
 
 mod artifacts;
+mod crds;
 mod deploy;
 mod failures;
 mod finalizers;

@@ -34,6 +34,9 @@ pub struct MemcachedSpec {
 pub struct MemcachedStatus {
     /// The names of the memcached pods, sorted.
     pub nodes: Vec<String>,
+    /// How many there are: what `kubectl scale` and autoscalers read.
+    #[serde(default)]
+    pub replicas: i32,
     /// Standard conditions; the plugin sets `Available`.
     pub conditions: Vec<Condition>,
 }
@@ -80,8 +83,10 @@ impl Plugin for MemcachedPlugin {
             (_, false) => ("Scaling", counts),
         };
         let condition = Condition::new("Available", ready, reason, message);
+        let nodes = req.related_names::<Pod>();
         let status = MemcachedStatus {
-            nodes: req.related_names::<Pod>(),
+            replicas: i32::try_from(nodes.len()).unwrap_or(i32::MAX),
+            nodes,
             conditions: vec![condition.observed_generation(req.generation())],
         };
         let response = Response::new()

@@ -15,6 +15,7 @@ wasmop_guest::export!(MemcachedPlugin);
 /// use only: the component never calls it, so none of it is linked there.
 pub fn crd() -> Crd {
     Crd::of::<Memcached>()
+        .scale(".spec.size", ".status.replicas")
         .column("Size", "integer", ".spec.size")
         .column(
             "Available",
