@@ -133,7 +133,8 @@ if await "$log" '==> ready' "$limit"; then
   kubeconfig=$(sed -n 's/^export KUBECONFIG=//p' "$log")
   kubectl=$(sed -n 's/^kubectl: //p' "$log")
   check_events "$(KUBECONFIG=$kubeconfig "$kubectl" -n wasmop-system describe configmap memcached)" "Ctrl-C run"
-  interrupt "Ctrl-C" "-$demo_pid" INT 130
+  interrupt "Ctrl-C" "-$demo_pid" INT 0
+  grep -q '^demo: stopped' "$log" && pass "says it stopped everything" || fail "no line saying it stopped"
 else
   gave_up "reached ready"
 fi

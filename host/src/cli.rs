@@ -158,7 +158,7 @@ pub enum RolloutVerb {
 /// Sandbox limits for one plugin. Defaults are the host's defaults.
 #[derive(Debug, Clone, Args)]
 pub struct LimitArgs {
-    /// CPU deadline of one plugin call, in milliseconds.
+    /// Deadline of one plugin call (wall time while the guest runs), in milliseconds.
     #[arg(long, default_value_t = config::DEADLINE_MS)]
     pub deadline_ms: u64,
     /// Linear-memory cap of one plugin instance, in MiB.
@@ -227,8 +227,8 @@ pub struct RunArgs {
     /// Where `/metrics` is served (may equal `--probe-addr`).
     #[arg(long, default_value = config::METRICS_ADDR)]
     pub metrics_addr: std::net::SocketAddr,
-    /// Reconcile only while holding the `wasmop` Lease in `--namespace`, so several replicas
-    /// can run with one active.
+    /// Reconcile only while holding the leader Lease (`--lease-name`, `wasmop-leader`) in
+    /// `--namespace`, so several replicas can run with one active.
     #[arg(long)]
     pub leader_elect: bool,
     /// Name of the leader-election Lease.

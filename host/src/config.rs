@@ -14,7 +14,7 @@ pub const NAMESPACE: &str = "wasmop-system";
 /// The host's ServiceAccount, as `deploy/` installs it.
 pub const SERVICE_ACCOUNT: &str = "wasmop";
 
-/// CPU deadline of one plugin call, in milliseconds (`--deadline-ms`, annotation
+/// Deadline of one plugin call (wall time while the guest runs), in milliseconds (`--deadline-ms`, annotation
 /// `wasmop.io/deadline-ms`).
 pub const DEADLINE_MS: u64 = 1000;
 

@@ -12,6 +12,45 @@ use support::{
     wait_not_ready,
 };
 
+/// The README's two install paths mixed: a second module key makes the ConfigMap unreadable
+/// (the running version stays, and the Event says so); taking it out again is a recovery, and
+/// an Event says that too.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_repaired_configmap_is_announced_as_a_recovery() {
+    let env = Env::new("e2e-recovered").await;
+    let wasm = test_artifacts::read(test_artifacts::MEMCACHED);
+    env.put_plugin("memcached", &wasm, None).await;
+    let host = env.start_host();
+    wait_event(&env, "ConfigMap", "memcached", "Loaded").await;
+    let configmaps: Api<ConfigMap> = env.ns.api();
+    let raw = k8s_openapi::ByteString(wasm.clone());
+    let both = json!({"binaryData": {"memcached.wasm": raw}});
+    configmaps
+        .patch("memcached", &PatchParams::default(), &Patch::Merge(&both))
+        .await
+        .unwrap();
+    let failed = wait_event(&env, "ConfigMap", "memcached", "LoadFailed").await;
+    let message = failed.message.unwrap_or_default();
+    assert!(message.contains("more than one module key"), "{message}");
+    assert!(message.contains("still running memcached"), "{message}");
+    let one = json!({"binaryData": {"memcached.wasm": null}});
+    configmaps
+        .patch("memcached", &PatchParams::default(), &Patch::Merge(&one))
+        .await
+        .unwrap();
+    let recovered = wait_event(&env, "ConfigMap", "memcached", "Recovered").await;
+    assert_eq!(recovered.type_.as_deref(), Some("Normal"));
+    let message = recovered.message.unwrap_or_default();
+    assert!(
+        message.contains("readable again"),
+        "{message}\n{}",
+        host.logs()
+    );
+    // And it reconciles as before.
+    env.put_memcached("cache", 1).await;
+    env.wait_nodes("cache", 1).await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn garbage_module_keeps_the_last_good_version() {
     let env = Env::new("e2e-garbage").await;

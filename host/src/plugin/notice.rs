@@ -26,6 +26,9 @@ pub enum Notice {
     RolloutAborted,
     /// Revisions could not be read or written.
     RevisionFailed,
+    /// The ConfigMap holds the running version again after a `LoadFailed`: nothing to load,
+    /// and the plugin is healthy.
+    Recovered,
 }
 
 impl Notice {
@@ -41,15 +44,18 @@ impl Notice {
             Notice::Previewed => "Previewed",
             Notice::RolloutAborted => "RolloutAborted",
             Notice::RevisionFailed => "RevisionFailed",
+            Notice::Recovered => "Recovered",
         }
     }
 
     /// Normal for a version that runs, Warning otherwise.
     pub fn event_type(self) -> EventType {
         match self {
-            Notice::Loaded | Notice::Swapped | Notice::Canary | Notice::Previewed => {
-                EventType::Normal
-            }
+            Notice::Loaded
+            | Notice::Swapped
+            | Notice::Canary
+            | Notice::Previewed
+            | Notice::Recovered => EventType::Normal,
             _ => EventType::Warning,
         }
     }

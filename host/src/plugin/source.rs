@@ -38,7 +38,7 @@ use crate::sandbox::{Limits, digest_of};
 pub const PLUGIN_LABEL: &str = "wasmop.io/plugin";
 /// The key of the optional settings document.
 pub const SETTINGS_KEY: &str = "settings.yaml";
-/// Annotation: CPU deadline of one call, in milliseconds.
+/// Annotation: the deadline of one call (wall time while the guest runs), in milliseconds.
 pub const DEADLINE_ANNOTATION: &str = "wasmop.io/deadline-ms";
 /// Annotation: memory cap of one instance, in MiB.
 pub const MEMORY_ANNOTATION: &str = "wasmop.io/memory-mib";
@@ -360,17 +360,20 @@ pub fn read_stored(
     let key = match modules.as_slice() {
         [one] => (*one).clone(),
         [] => {
-            let mut found: Vec<&String> = binary.keys().collect();
-            found.extend(cm.data.iter().flat_map(|d| d.keys()));
-            let found = if found.is_empty() {
-                "nothing".to_string()
-            } else {
-                found
+            let list = |keys: Vec<&String>| match keys.as_slice() {
+                [] => "none".to_string(),
+                keys => keys
                     .iter()
                     .map(|k| k.as_str())
                     .collect::<Vec<_>>()
-                    .join(", ")
+                    .join(", "),
             };
+            let data: Vec<&String> = cm.data.iter().flat_map(|d| d.keys()).collect();
+            let found = format!(
+                "binaryData: {}; data: {}",
+                list(binary.keys().collect()),
+                list(data)
+            );
             return Err(SourceError::NoModule(found));
         }
         many => {
@@ -817,7 +820,13 @@ mod tests {
         let none = read(&cm(&[("notes.txt", vec![1])], &[], &[]), &Limits::default());
         assert_eq!(
             none.unwrap_err().to_string(),
-            "no binaryData key ending in .wasm or .wasm.gz (found: notes.txt)"
+            "no binaryData key ending in .wasm or .wasm.gz (found: binaryData: notes.txt; data: none)"
+        );
+        // A module given as text lands in data: say so apart.
+        let text = read(&cm(&[], &[("x.wasm", "garbled")], &[]), &Limits::default());
+        assert_eq!(
+            text.unwrap_err().to_string(),
+            "no binaryData key ending in .wasm or .wasm.gz (found: binaryData: none; data: x.wasm)"
         );
         let many = read(
             &cm(&[("a.wasm", vec![]), ("b.wasm.gz", vec![])], &[], &[]),

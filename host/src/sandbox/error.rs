@@ -102,7 +102,7 @@ pub enum PluginErrorKind {
         /// `log`), else the tail of what it wrote to stderr.
         guest_message: Option<String>,
     },
-    /// The call ran past its CPU deadline and was interrupted.
+    /// The call ran past its deadline (wall time while the guest runs) and was interrupted.
     DeadlineExceeded {
         /// The interrupted export.
         call: Call,

@@ -411,7 +411,14 @@ impl Registry {
         let source = match source {
             Ok(s) => s,
             Err(e) => {
-                let msg = e.in_configmap(&self.namespace, &name);
+                let msg = match &slot.running {
+                    Some(running) => format!(
+                        "{}; still running {}",
+                        e.in_configmap(&self.namespace, &name),
+                        running.describe()
+                    ),
+                    None => e.in_configmap(&self.namespace, &name),
+                };
                 tracing::warn!(configmap = %name, error = %e, "invalid plugin ConfigMap; the running version, if any, stays");
                 count_load(&name, "failure");
                 slot.state = State::Failed(msg.clone());
@@ -421,6 +428,23 @@ impl Registry {
             }
         };
         if slot.latest.as_ref().is_some_and(|l| l.same_as(&source)) {
+            // The ConfigMap was unreadable (say, two module keys) and is repaired, back to
+            // what runs: nothing to load, and the failure is over.
+            let runs = slot
+                .running
+                .as_ref()
+                .filter(|r| r.plugin.digest() == source.digest);
+            let recovered = match (&slot.state, runs) {
+                (State::Failed(_), Some(running)) => Some(running.describe()),
+                _ => None,
+            };
+            if let Some(running) = recovered {
+                let msg = format!("the ConfigMap is readable again; {running} runs");
+                tracing::info!(configmap = %name, "{msg}");
+                slot.state = State::Running;
+                let cm = slot.configmap.clone();
+                self.event(&cm, Notice::Recovered, &msg);
+            }
             return;
         }
         tracing::info!(configmap = %name, digest = %source.digest, stored_bytes = source.parts.module.len(), "loading plugin");
