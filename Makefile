@@ -1,5 +1,5 @@
 # The two entry points of the README, plus the steps they are made of.
-.PHONY: demo test setup plane lint unit demo-test scaffold-test
+.PHONY: demo test setup plane lint unit demo-test scaffold-test install
 
 # The main job: a local control plane, the host, the Memcached plugin from a ConfigMap, a CR
 # reconciled, then a hot swap. Ctrl-C stops everything.
@@ -43,3 +43,7 @@ deploy-plugin:
 	rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
 	cargo build --release --target wasm32-wasip2 -p memcached
 	cp target/wasm32-wasip2/release/memcached.wasm deploy/plugins/memcached.wasm
+
+# Puts `wasmop` on PATH (~/.cargo/bin), built from this checkout.
+install:
+	cargo install --locked --path host

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A plugin author's first hour, as docs/writing-plugins.md tells it, run for real: `wasmop new`
-# outside this repository (against this checkout's SDK), `cargo test`, the wasm build, the CRD
+# outside this repository (no flags: the SDK comes with the binary), `cargo test`, the wasm build, the CRD
 # from the Rust types, `wasmop render` of the sample, `wasmop package`, then on a fresh local
 # plane: the CRD, `wasmop rbac`, the ConfigMap, the host, the sample CR, until the host reports
 # it Ready and its Deployment's pods are ready. Each step's time is printed.
@@ -52,7 +52,8 @@ begin=$SECONDS
 step "wasmop new web-app, outside the repository"
 # mktemp's directory is outside the checkout: the crate must build on its own.
 dir=$(mktemp -d)/web-app
-"$wasmop" new web-app --dir "$dir" --sdk-path "$root/guest-sdk"
+# No --sdk-path: the binary writes the SDK it was built with into sdk/.
+"$wasmop" new web-app --dir "$dir"
 cd "$dir"
 took "wasmop new"
 
@@ -85,7 +86,7 @@ took "the plane"
 
 step "install and run"
 k apply -f crd.yaml
-k create namespace wasmop-system
+k create namespace wasmop-system --dry-run=client -o yaml | k apply -f -
 "$wasmop" rbac "$wasm" | k apply -f -
 k apply --server-side -f configmap.yaml
 "$wasmop" run >"$work/host.log" 2>&1 &
@@ -99,6 +100,16 @@ ready() {
 wait_for "WebApp webapp-sample to be Ready with 2 ready pods" ready
 k get webapps,deployments
 took "install to Ready"
+
+step "the sample's optional, map and enum fields reach the pods; kubectl scale"
+[ "$(k get deploy webapp-sample -o jsonpath='{.spec.template.metadata.labels.team}')" = web ] ||
+  fail "spec.podLabels did not reach the pod template"
+[ "$(k get deploy webapp-sample -o jsonpath='{.spec.template.spec.containers[0].imagePullPolicy}')" = IfNotPresent ] ||
+  fail "spec.pullPolicy did not reach the container"
+k scale webapp webapp-sample --replicas 1
+scaled() { [ "$(k get deploy webapp-sample -o jsonpath='{.spec.replicas}')" = 1 ]; }
+wait_for "kubectl scale to reach the Deployment" scaled
+took "fields and scale"
 
 echo
 echo "scaffold-test: ok: from wasmop new to a Ready WebApp in $((SECONDS - begin)) s"

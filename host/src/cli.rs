@@ -71,7 +71,7 @@ pub struct NewArgs {
     #[arg(long)]
     pub dir: Option<PathBuf>,
     /// Depend on the SDK in this directory (`guest-sdk/` of a wasmop checkout) instead of the
-    /// published `wasmop-guest`.
+    /// copy this binary writes into the new crate's `sdk/`.
     #[arg(long, value_name = "DIR")]
     pub sdk_path: Option<PathBuf>,
     /// The parent kind. Default: NAME in UpperCamelCase (`web-app` → `WebApp`).

@@ -1,7 +1,8 @@
 //! `wasmop new`: scaffolds a standalone plugin crate.
 //!
-//! The crate is its own workspace: the SDK dependency (the published `wasmop-guest`, or a
-//! local checkout with `--sdk-path`), a size-tuned release profile, a parent kind declared with
+//! The crate is its own workspace: the SDK (`wasmop-guest` and the `wasmop-contract` it
+//! depends on, written into `sdk/` from the sources this binary was built with, until the SDK
+//! is published; or a local checkout with `--sdk-path`), a size-tuned release profile, a parent kind declared with
 //! `custom_resource!`, reconcile logic that keeps a Deployment, native tests, an example that
 //! prints the CRD written from the Rust types, a sample CR and a README with the build,
 //! render, package and install commands. Every name is checked before anything is written,
@@ -15,8 +16,12 @@ use wasmop_contract::names::{is_dns1123_label, is_dns1123_subdomain};
 use crate::cli::NewArgs;
 use crate::plugin::rbac::guess_plural;
 
-/// The SDK version a scaffold depends on when no `--sdk-path` is given.
-pub const SDK_VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The SDK's crates, as this binary was built with them (`build.rs`): (path under `sdk/`,
+/// contents).
+const SDK: &[(&str, &[u8])] = include!(concat!(env!("OUT_DIR"), "/sdk.rs"));
+
+/// Where the SDK's crates go in a new crate.
+const SDK_DIR: &str = "sdk";
 
 /// The template files: (path in the new crate, text with `__PLACEHOLDERS__`).
 const FILES: &[(&str, &str)] = &[
@@ -62,7 +67,7 @@ pub struct Scaffold {
 pub fn run(args: NewArgs) -> anyhow::Result<()> {
     let sdk = match &args.sdk_path {
         Some(dir) => path_dependency(dir)?,
-        None => format!("wasmop-guest = \"{SDK_VERSION}\""),
+        None => format!("wasmop-guest = {{ path = \"{SDK_DIR}/wasmop-guest\" }}"),
     };
     let scaffold = Scaffold::new(
         &args.name,
@@ -74,6 +79,9 @@ pub fn run(args: NewArgs) -> anyhow::Result<()> {
     )?;
     let dir = args.dir.unwrap_or_else(|| PathBuf::from(&args.name));
     write(&dir, &scaffold)?;
+    if args.sdk_path.is_none() {
+        write_sdk(&dir)?;
+    }
     let wasm = format!(
         "target/wasm32-wasip2/release/{}.wasm",
         scaffold.crate_name()
@@ -182,6 +190,19 @@ pub fn write(dir: &Path, scaffold: &Scaffold) -> anyhow::Result<()> {
         }
         std::fs::write(&path, scaffold.fill(template))
             .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// Writes the SDK's crates into `dir/sdk/`.
+fn write_sdk(dir: &Path) -> anyhow::Result<()> {
+    for (path, bytes) in SDK {
+        let path = dir.join(SDK_DIR).join(path);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("creating {}", parent.display()))?;
+        }
+        std::fs::write(&path, bytes).with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
 }

@@ -1,20 +1,44 @@
 //! The `__NAME__` plugin: each `__KIND__` gets a Deployment of `spec.replicas` pods running
 //! `spec.image`, and reports how many are ready.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use wasmop_guest::k8s_openapi::api::apps::v1::Deployment;
 use wasmop_guest::schemars::{self, JsonSchema};
 use wasmop_guest::{Condition, Crd, Error, Manifest, Plugin, Request, Response};
 
-/// `__KIND__.spec`: what the user asks for.
+/// `__KIND__.spec`: what the user asks for. Fields that may be absent are `Option`s or
+/// `#[serde(default)]`; every such type gives a schema the API server accepts.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
 pub struct __KIND__Spec {
     /// How many pods to run.
     #[schemars(range(min = 0))]
     pub replicas: i32,
     /// The container image.
     pub image: String,
+    /// When to pull the image; Kubernetes' default when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pull_policy: Option<PullPolicy>,
+    /// The port the container listens on, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    /// Labels added to every pod.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pod_labels: BTreeMap<String, String>,
+}
+
+/// `spec.pullPolicy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum PullPolicy {
+    /// Pull on every start.
+    Always,
+    /// Pull when the node does not have it.
+    IfNotPresent,
+    /// Never pull.
+    Never,
 }
 
 /// `__KIND__.status`: what the plugin reports. The host adds `observedGeneration`, the `Ready`
@@ -76,6 +100,19 @@ wasmop_guest::export!(__KIND__Plugin);
 /// The desired Deployment for the `__KIND__` `namespace/name`.
 pub fn deployment(name: &str, namespace: Option<&str>, spec: &__KIND__Spec) -> Value {
     let labels = json!({"app.kubernetes.io/name": "__NAME__", "app.kubernetes.io/instance": name});
+    // The user's pod labels, under the plugin's own: the selector must keep matching.
+    let mut pod_labels = json!(spec.pod_labels);
+    pod_labels
+        .as_object_mut()
+        .expect("a map serialises as an object")
+        .extend(labels.as_object().expect("an object").clone());
+    let mut container = json!({"name": "main", "image": spec.image});
+    if let Some(policy) = spec.pull_policy {
+        container["imagePullPolicy"] = json!(policy);
+    }
+    if let Some(port) = spec.port {
+        container["ports"] = json!([{"containerPort": port}]);
+    }
     json!({
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": name, "namespace": namespace, "labels": labels},
@@ -83,8 +120,8 @@ pub fn deployment(name: &str, namespace: Option<&str>, spec: &__KIND__Spec) -> V
             "replicas": spec.replicas,
             "selector": {"matchLabels": labels},
             "template": {
-                "metadata": {"labels": labels},
-                "spec": {"containers": [{"name": "main", "image": spec.image}]},
+                "metadata": {"labels": pod_labels},
+                "spec": {"containers": [container]},
             },
         },
     })
@@ -93,6 +130,7 @@ pub fn deployment(name: &str, namespace: Option<&str>, spec: &__KIND__Spec) -> V
 /// The `__KIND__` CRD, written from the types above: `cargo run --example crd > crd.yaml`.
 pub fn crd() -> Crd {
     Crd::of::<__KIND__>()
+        .scale(".spec.replicas", ".status.readyReplicas")
         .column("Replicas", "integer", ".spec.replicas")
         .column("Ready Pods", "integer", ".status.readyReplicas")
 }

@@ -8,6 +8,9 @@ fn sample(replicas: i32) -> __KIND__ {
     let spec = __KIND__Spec {
         replicas,
         image: "nginx:1.27".into(),
+        pull_policy: None,
+        port: None,
+        pod_labels: Default::default(),
     };
     __KIND__::new("sample", spec)
 }
@@ -61,4 +64,22 @@ fn the_crd_carries_the_status_the_host_writes() {
     assert_eq!(status["readyReplicas"]["type"], "integer");
     assert_eq!(status["observedGeneration"]["type"], "integer");
     assert_eq!(status["conditions"]["x-kubernetes-list-type"], "map");
+}
+
+#[test]
+fn optional_fields_reach_the_pods() {
+    let mut parent = sample(1);
+    parent.spec.pull_policy = Some(PullPolicy::Always);
+    parent.spec.port = Some(8080);
+    parent.spec.pod_labels.insert("team".into(), "web".into());
+    let resp = testing::reconcile::<__KIND__Plugin>(&RequestBuilder::new(&parent).build()).unwrap();
+
+    let d: Deployment = resp.child("sample").expect("a Deployment");
+    let template = d.spec.template;
+    let container = &template.spec.unwrap().containers[0];
+    assert_eq!(container.image_pull_policy.as_deref(), Some("Always"));
+    assert_eq!(container.ports.as_ref().unwrap()[0].container_port, 8080);
+    let labels = template.metadata.unwrap().labels.unwrap();
+    assert_eq!(labels["team"], "web");
+    assert_eq!(labels["app.kubernetes.io/instance"], "sample");
 }

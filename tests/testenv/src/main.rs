@@ -28,8 +28,9 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Cmd {
     /// Start a control plane in the foreground. Writes the admin kubeconfig to
-    /// `<target dir>/testenv/kubeconfig`, prints `KUBECONFIG=<path>` on stdout once the node
-    /// is Ready, and stops everything on Ctrl-C or SIGTERM.
+    /// `<target dir>/testenv/kubeconfig` (`kubeconfig-<pid>` while another plane of this
+    /// checkout holds that one), prints `KUBECONFIG=<path>` on stdout once the node is Ready,
+    /// and stops everything on Ctrl-C or SIGTERM.
     Up {
         /// kube-apiserver feature gates, e.g. `ShardedListAndWatch=true` (what
         /// `wasmop run --shards` uses for server-side sharded watches).
@@ -94,7 +95,7 @@ async fn up(feature_gates: &[String]) -> anyhow::Result<()> {
         _ = interrupt.recv() => return Ok(()),
     };
 
-    let kubeconfig = target_dir().join("testenv").join("kubeconfig");
+    let kubeconfig = claim_kubeconfig(&target_dir().join("testenv"))?;
     write_atomically(&kubeconfig, env.kubeconfig_yaml())?;
     println!("KUBECONFIG={}", kubeconfig.display());
     std::io::stdout().flush()?;
@@ -114,6 +115,7 @@ async fn up(feature_gates: &[String]) -> anyhow::Result<()> {
     };
     tracing::info!("stopping the control plane");
     let _ = std::fs::remove_file(&kubeconfig);
+    let _ = std::fs::remove_file(owner_file(&kubeconfig));
     let stopped = env.stop().await;
     outcome?;
     stopped?;
@@ -134,6 +136,36 @@ fn target_dir() -> PathBuf {
         None => workspace_root.join("target"),
     };
     std::path::absolute(&dir).unwrap_or(dir)
+}
+
+/// Where this plane's kubeconfig goes in `dir`: `kubeconfig`, unless a live plane of this
+/// checkout holds it (its pid in `kubeconfig.pid`); then `kubeconfig-<pid>`, so two planes
+/// never overwrite one file.
+fn claim_kubeconfig(dir: &Path) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let shared = dir.join("kubeconfig");
+    let owner = owner_file(&shared);
+    let held = std::fs::read_to_string(&owner)
+        .ok()
+        .and_then(|pid| pid.trim().parse::<u32>().ok())
+        .is_some_and(|pid| {
+            pid != std::process::id() && Path::new(&format!("/proc/{pid}")).exists()
+        });
+    let path = if held {
+        dir.join(format!("kubeconfig-{}", std::process::id()))
+    } else {
+        shared
+    };
+    std::fs::write(owner_file(&path), std::process::id().to_string())
+        .with_context(|| format!("writing {}", owner_file(&path).display()))?;
+    Ok(path)
+}
+
+/// The file naming the process that holds `kubeconfig`.
+fn owner_file(kubeconfig: &Path) -> PathBuf {
+    let mut name = kubeconfig.as_os_str().to_owned();
+    name.push(".pid");
+    PathBuf::from(name)
 }
 
 /// Readers never see a half-written kubeconfig.
