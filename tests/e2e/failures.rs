@@ -33,6 +33,11 @@ async fn a_repaired_configmap_is_announced_as_a_recovery() {
     let message = failed.message.unwrap_or_default();
     assert!(message.contains("more than one module key"), "{message}");
     assert!(message.contains("still running memcached"), "{message}");
+    // `kubectl get wasmopplugins` says so too, and what still runs.
+    let shown = wait_shown(&env, "Failed").await;
+    assert_eq!(shown["version"], "memcached 0.1.0", "{shown}");
+    assert_eq!(shown["reason"], "LoadFailed", "{shown}");
+    assert_eq!(shown["rollout"], "Live", "{shown}");
     let one = json!({"binaryData": {"memcached.wasm": null}});
     configmaps
         .patch("memcached", &PatchParams::default(), &Patch::Merge(&one))
@@ -46,6 +51,9 @@ async fn a_repaired_configmap_is_announced_as_a_recovery() {
         "{message}\n{}",
         host.logs()
     );
+    let shown = wait_shown(&env, "Running").await;
+    assert_eq!(shown["reason"], "Recovered", "{shown}");
+    assert!(shown["revision"].as_i64().is_some(), "{shown}");
     // And it reconciles as before.
     env.put_memcached("cache", 1).await;
     env.wait_nodes("cache", 1).await;
@@ -402,4 +410,28 @@ async fn an_impure_plugin_writes_its_child_once_however_often_it_runs() {
         .value;
     assert!(calls >= 3.0, "reconciled {calls} times");
     println!("measured: {calls} reconciles of Probe p, 1 write of its child");
+}
+
+/// Waits until `wasmopplugins/memcached` in the test's namespace says `state`; its status.
+async fn wait_shown(env: &Env, state: &str) -> Value {
+    let resource = kube::api::ApiResource::from_gvk_with_plural(
+        &kube::core::GroupVersionKind::gvk("wasmop.io", "v1alpha1", "WasmopPlugin"),
+        "wasmopplugins",
+    );
+    let api: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(env.client.clone(), env.name(), &resource);
+    testenv::wait_until(
+        &format!("WasmopPlugin memcached to say {state}"),
+        TIMEOUT,
+        || api.get_opt("memcached"),
+        |p| {
+            p.as_ref()
+                .is_some_and(|p| p.data["status"]["state"] == state)
+        },
+    )
+    .await
+    .unwrap()
+    .expect("just seen")
+    .data["status"]
+        .clone()
 }

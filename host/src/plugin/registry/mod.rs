@@ -26,6 +26,7 @@
 //! version that failed for good keeps its digests and the reason, never its bytes, and the
 //! same bytes are not loaded again. Loads inflate under the budget of [`super::load`].
 
+mod shown;
 mod staging;
 
 use std::collections::{BTreeMap, HashMap};
@@ -257,6 +258,10 @@ pub struct Registry {
     revisions: Revisions,
     // Kinds an admin allows to be one plugin's child and another's parent.
     chains: Vec<KindRef>,
+    // Each plugin's state as `kubectl get wasmopplugins` shows it, and the last Event on each
+    // ConfigMap, which it includes.
+    shower: shown::Shower,
+    last_notice: std::sync::Mutex<HashMap<String, (Notice, String)>>,
 }
 
 impl Registry {
@@ -292,8 +297,10 @@ impl Registry {
             listed: false,
             health,
             last_seq: 0,
+            shower: shown::Shower::new(client_for_revisions.clone(), &namespace_for_revisions),
             revisions: Revisions::new(client_for_revisions, &namespace_for_revisions),
             chains: Vec::new(),
+            last_notice: std::sync::Mutex::default(),
         }
     }
 
@@ -344,6 +351,11 @@ impl Registry {
                     }
                     self.judge_canaries().await;
                     self.publish_previews().await;
+                    // The judging replica speaks for every shard's rollout.
+                    if self.supervisor.judges() {
+                        let plugins = self.shown();
+                        self.shower.show(plugins).await;
+                    }
                 },
                 _ = sweep.tick(), if self.listed => self.sweep().await,
                 Some(msg) = self.rx.recv() => self.on_msg(msg).await,
@@ -786,8 +798,55 @@ impl Registry {
         });
     }
 
+    /// What `kubectl get wasmopplugins` shows of each plugin: (ConfigMap, its UID, state).
+    fn shown(&self) -> Vec<(String, String, shown::Shown)> {
+        let mut notices = self.last_notice.lock().expect("notices lock");
+        notices.retain(|name, _| self.slots.contains_key(name));
+        self.slots
+            .iter()
+            .map(|(name, slot)| {
+                let running = slot.running.as_ref();
+                let (state, why) = match &slot.state {
+                    State::Loading => ("Loading", None),
+                    State::Running => ("Running", None),
+                    State::Waiting(why) => ("Waiting", Some(why.clone())),
+                    State::Failed(why) => ("Failed", Some(why.clone())),
+                };
+                let rollout = match &slot.candidate {
+                    None => "Live".to_string(),
+                    Some(c) if c.preview.is_some() => {
+                        format!("previewing revision {}", c.revision.number)
+                    }
+                    Some(c) => format!(
+                        "revision {} at {}%",
+                        c.revision.number, c.rollout.steps[c.step]
+                    ),
+                };
+                let last = notices.get(name);
+                let shown = shown::Shown {
+                    state: state.to_string(),
+                    version: running.map(|l| {
+                        let m = l.plugin.manifest();
+                        format!("{} {}", m.name, m.version)
+                    }),
+                    digest: running.map(|l| l.plugin.digest().to_string()),
+                    revision: running.and_then(|l| l.revision),
+                    rollout,
+                    reason: last.map(|(n, _)| n.reason().to_string()),
+                    message: why.or_else(|| last.map(|(_, m)| m.clone())),
+                };
+                let uid = slot.configmap.metadata.uid.clone().unwrap_or_default();
+                (name.clone(), uid, shown)
+            })
+            .collect()
+    }
+
     /// Queues an Event on the plugin ConfigMap `cm`, written off the registry's loop.
     fn event(&self, cm: &ConfigMap, notice: Notice, message: &str) {
+        if let Some(name) = &cm.metadata.name {
+            let mut notices = self.last_notice.lock().expect("notices lock");
+            notices.insert(name.clone(), (notice, message.to_string()));
+        }
         let reference: ObjectReference = cm.object_ref(&());
         let ev = Event {
             type_: notice.event_type(),
