@@ -96,7 +96,7 @@ export "$(grep '^KUBECONFIG=' "$work/plane.out")"
 k() { "$kubectl" "$@"; }
 
 step "installing the CRD, the plugin's identity and the plugin ConfigMap"
-k apply -f deploy/crds/
+k apply -f deploy/crds/ -f deploy/host/wasmopplugins.yaml
 k create namespace wasmop-system
 # The plugin writes as its own ServiceAccount, wasmop-plugin-memcached, with only these rights.
 "$root/target/debug/wasmop" rbac "$wasm/memcached.wasm" | k apply -f -

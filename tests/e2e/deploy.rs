@@ -210,7 +210,57 @@ async fn kustomize_install_runs_memcached_with_least_privilege() {
     let logs = sharded.logs();
     assert!(logs.contains("took the shard"), "{logs}");
     assert!(!logs.to_lowercase().contains("forbidden"), "{logs}");
-    assert!(sharded.terminate().success());
+
+    // 8. The README's uninstall, in its order, while the host runs: nothing is left. (The
+    //    CRDs stay: the other tests on this plane use them.)
+    kubectl(&[
+        "-n",
+        SYSTEM,
+        "delete",
+        "configmap",
+        "-l",
+        "wasmop.io/plugin",
+    ]);
+    testenv::wait_until(
+        "wasmop-finalizers to name no plugin",
+        TIMEOUT,
+        || configmaps.get_opt("wasmop-finalizers"),
+        |cm| {
+            cm.as_ref()
+                .and_then(|cm| cm.data.as_ref())
+                .is_none_or(|d| d.is_empty())
+        },
+    )
+    .await
+    .unwrap();
+    let plugin_rbac = "serviceaccount,role,rolebinding,clusterrole,clusterrolebinding";
+    let selector = format!("wasmop.io/host={SYSTEM}");
+    kubectl(&["delete", plugin_rbac, "-A", "-l", &selector]);
+    let host_base = tree.join("host");
+    let base = std::fs::read_to_string(host_base.join("kustomization.yaml")).unwrap();
+    let without_crd = base.replace("  - wasmopplugins.yaml\n", "");
+    assert_ne!(
+        without_crd, base,
+        "deploy/host/ installs the WasmopPlugin CRD"
+    );
+    std::fs::write(host_base.join("kustomization.yaml"), without_crd).unwrap();
+    kubectl(&["delete", "--wait=true", "-k", host_base.to_str().unwrap()]);
+    let left = kubectl(&["get", plugin_rbac, "-A", "-l", &selector, "-o", "name"]);
+    assert!(
+        left.stdout.is_empty(),
+        "left behind: {}",
+        String::from_utf8_lossy(&left.stdout)
+    );
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(env.client.clone());
+    testenv::wait_until(
+        "namespace wasmop-system to be gone",
+        TIMEOUT,
+        || namespaces.get_opt(SYSTEM),
+        Option::is_none,
+    )
+    .await
+    .unwrap();
+    let _ = sharded.terminate();
 }
 
 /// Runs a command to completion; panics with its output when it fails.

@@ -45,6 +45,11 @@ pub struct Options {
     pub plurals: Vec<(String, String)>,
 }
 
+/// The label naming the host namespace a grant is for.
+pub const HOST_LABEL: &str = "wasmop.io/host";
+/// The label naming the plugin ConfigMap a grant is for.
+pub const FOR_LABEL: &str = "wasmop.io/rbac-for";
+
 /// What one plugin needs.
 #[derive(Debug, Clone)]
 pub struct Grants {
@@ -143,14 +148,30 @@ pub fn grants(manifest: &Manifest, options: &Options) -> Result<Grants, RbacErro
     let configmap = options.configmap.as_deref().unwrap_or(&manifest.name);
     let account = identity::service_account(configmap).map_err(RbacError::Account)?;
     let base = options.name.clone().unwrap_or_else(|| account.clone());
+    // Found and removed by these: `kubectl delete … -l wasmop.io/host=<namespace>`.
+    let labels = BTreeMap::from([
+        (
+            "app.kubernetes.io/part-of".to_string(),
+            "wasmop".to_string(),
+        ),
+        (HOST_LABEL.to_string(), options.namespace.clone()),
+        (FOR_LABEL.to_string(), configmap.to_string()),
+    ]);
     let meta = |name: String, namespace: Option<&str>| ObjectMeta {
         name: Some(name),
         namespace: namespace.map(str::to_string),
-        labels: Some(BTreeMap::from([(
-            "app.kubernetes.io/part-of".to_string(),
-            "wasmop".to_string(),
-        )])),
+        labels: Some(labels.clone()),
         ..Default::default()
+    };
+    // Outside the host's namespace two hosts may grant a plugin of the same name: the default
+    // names there say which host's it is.
+    let outside = options.watch_namespace.as_deref() != Some(options.namespace.as_str());
+    let placed = |name: String| {
+        if options.name.is_none() && outside {
+            format!("{name}.{}", options.namespace)
+        } else {
+            name
+        }
     };
     let subject = |name: &str| Subject {
         kind: "ServiceAccount".into(),
@@ -166,9 +187,9 @@ pub fn grants(manifest: &Manifest, options: &Options) -> Result<Grants, RbacErro
         ..Default::default()
     })];
     let grants = [
-        (base.clone(), rules(&needs.plugin), &account),
+        (placed(base.clone()), rules(&needs.plugin), &account),
         (
-            format!("{base}-reads"),
+            placed(format!("{base}-reads")),
             rules(&needs.host),
             &options.service_account,
         ),

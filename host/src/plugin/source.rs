@@ -275,6 +275,24 @@ impl SourceError {
         match self {
             // It names the ConfigMap and its key already.
             Self::Module { .. } => format!("{self} (namespace {namespace})"),
+            // Two install paths mixed (`create configmap --from-file` and `wasmop package`):
+            // say how to keep the packaged one.
+            Self::ManyModules(keys) => {
+                let remove: Vec<String> = keys
+                    .split(", ")
+                    .filter(|k| !k.ends_with(".wasm.gz"))
+                    .map(|k| format!("{{\"op\":\"remove\",\"path\":\"/binaryData/{k}\"}}"))
+                    .collect();
+                let fix = if remove.is_empty() || remove.len() == keys.split(", ").count() {
+                    String::new()
+                } else {
+                    format!(
+                        "; to keep the packaged one: kubectl -n {namespace} patch configmap {name} --type=json -p '[{}]'",
+                        remove.join(",")
+                    )
+                };
+                format!("ConfigMap {namespace}/{name}: {self}{fix}")
+            }
             _ => format!("ConfigMap {namespace}/{name}: {self}"),
         }
     }
@@ -832,7 +850,16 @@ mod tests {
             &cm(&[("a.wasm", vec![]), ("b.wasm.gz", vec![])], &[], &[]),
             &Limits::default(),
         );
-        assert!(matches!(many, Err(SourceError::ManyModules(_))));
+        let many = many.unwrap_err();
+        assert!(matches!(many, SourceError::ManyModules(_)));
+        // Mixed install paths: the message says how to keep the packaged module.
+        let said = many.in_configmap("ops", "demo");
+        assert!(
+            said.ends_with(
+                "kubectl -n ops patch configmap demo --type=json -p '[{\"op\":\"remove\",\"path\":\"/binaryData/a.wasm\"}]'"
+            ),
+            "{said}"
+        );
         let gz = read(
             &cm(&[("a.wasm.gz", vec![1, 2, 3])], &[], &[]),
             &Limits::default(),

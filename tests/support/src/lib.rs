@@ -264,12 +264,17 @@ pub fn memcached_resource() -> ApiResource {
     )
 }
 
-/// Applies every CRD in `deploy/crds/` and a test-only `Probe` kind, and waits until served.
+/// Applies every CRD in `deploy/crds/`, the host's own (`deploy/host/wasmopplugins.yaml`) and
+/// a test-only `Probe` kind, and waits until they are served.
 pub async fn install_crds(client: &Client) {
-    let dir = test_artifacts::workspace_root().join("deploy/crds");
+    let root = test_artifacts::workspace_root();
+    let dir = root.join("deploy/crds");
     let mut crds: Vec<CustomResourceDefinition> = Vec::new();
-    for entry in std::fs::read_dir(&dir).expect("deploy/crds") {
-        let path = entry.unwrap().path();
+    let files = std::fs::read_dir(&dir)
+        .expect("deploy/crds")
+        .map(|e| e.unwrap().path())
+        .chain([root.join("deploy/host/wasmopplugins.yaml")]);
+    for path in files {
         let text = std::fs::read_to_string(&path).unwrap();
         for doc in serde_yaml::Deserializer::from_str(&text) {
             use serde::Deserialize;

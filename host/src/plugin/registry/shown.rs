@@ -1,5 +1,5 @@
 //! Every plugin's state, one `kubectl get` away: the registry keeps a `WasmopPlugin` object
-//! (`deploy/crds/wasmopplugins.yaml`) per plugin ConfigMap, named after it and owned by it (so
+//! (`deploy/host/wasmopplugins.yaml`) per plugin ConfigMap, named after it and owned by it (so
 //! it goes with it), whose status says what runs (version, digest, revision), the rollout
 //! beside it, the newest version's state, and the last Event's reason and message.
 //!
@@ -110,7 +110,7 @@ impl Shower {
                 Err(kube::Error::Api(e)) if e.code == 404 => {
                     if self.missing.is_none() {
                         tracing::warn!(
-                            "the WasmopPlugin kind is not served (deploy/crds/wasmopplugins.yaml): plugin states show in Events and the log only"
+                            "the WasmopPlugin kind is not served (deploy/host/wasmopplugins.yaml): plugin states show in Events and the log only"
                         );
                     }
                     self.missing = Some(Instant::now());
