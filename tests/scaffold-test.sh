@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # A plugin author's first hour, as docs/writing-plugins.md tells it, run for real: `wasmop new`
-# outside this repository (no flags: the SDK comes with the binary), `cargo test`, the wasm build, the CRD
-# from the Rust types, `wasmop render` of the sample, `wasmop package`, then on a fresh local
-# plane: the CRD, `wasmop rbac`, the ConfigMap, the host, the sample CR, until the host reports
-# it Ready and its Deployment's pods are ready. Each step's time is printed.
+# outside this repository (no flags: the SDK comes with the binary), `cargo test`, the wasm
+# build, the CRD from the Rust types, `wasmop render` of the sample, `wasmop package`, then on
+# `make demo`'s plane, beside its host: the CRD, `wasmop rbac`, the ConfigMap, the sample CR,
+# until it is Ready with its pods; its fields and `kubectl scale`; `kubectl get wasmopplugins`;
+# an upgrade and the plugin's removal as the README says. Each step's time is printed.
 #
 # The scaffold's builds go to target/scaffold (kept between runs, so a second run is warm).
 set -euo pipefail
@@ -77,20 +78,23 @@ grep -q 'fieldManager: wasmop/web-app' "$work/render.yaml" || fail "render print
 "$wasmop" package "$wasm" >configmap.yaml
 took "crd, render and package"
 
-step "a local plane"
-"$testenv" up >"$work/plane.out" 2>"$work/plane.log" &
-pids+=($!)
-wait_for "the plane's KUBECONFIG" grep -q '^KUBECONFIG=' "$work/plane.out"
-export "$(grep '^KUBECONFIG=' "$work/plane.out")"
-took "the plane"
+step "make demo's plane (the guide's step 7 runs on it, beside the demo's host)"
+# The demo builds into the workspace's target, not the scaffold's.
+# SIGINT as a terminal leaves it (a background job of a script starts with it ignored), so
+# that the Ctrl-C at the end is the user's.
+env -u CARGO_TARGET_DIR --default-signal=INT DEMO_TIMEOUT=$timeout_s "$root/tests/demo.sh" \
+  >"$work/demo.log" 2>&1 </dev/null &
+demo=$!
+pids+=($demo)
+wait_for "make demo to be ready (log: $work/demo.log)" grep -q '==> ready' "$work/demo.log"
+export "$(sed -n 's/^export \(KUBECONFIG=.*\)/\1/p' "$work/demo.log")"
+took "the demo's plane"
 
-step "install and run"
+step "install, as the guide says (no wasmop run: the demo's host loads it)"
 k apply -f crd.yaml
 k create namespace wasmop-system --dry-run=client -o yaml | k apply -f -
 "$wasmop" rbac "$wasm" | k apply -f -
 k apply --server-side -f configmap.yaml
-"$wasmop" run >"$work/host.log" 2>&1 &
-pids+=($!)
 k wait --for condition=Established crd/webapps.example.com --timeout=60s
 k apply -f sample.yaml
 ready() {
@@ -111,5 +115,39 @@ scaled() { [ "$(k get deploy webapp-sample -o jsonpath='{.spec.replicas}')" = 1 
 wait_for "kubectl scale to reach the Deployment" scaled
 took "fields and scale"
 
+step "the plugin's state, one kubectl away"
+shows() {
+  [ "$(k -n wasmop-system get wasmopplugin web-app -o jsonpath='{.status.state} {.status.version}')" = "Running web-app $1" ]
+}
+wait_for "kubectl get wasmopplugins to show web-app 0.1.0 running" shows 0.1.0
+k -n wasmop-system get wasmopplugins
+
+step "upgrade, as the README says: a new build, packaged and applied"
+sed -i 's/^version = "0.1.0"/version = "0.2.0"/' Cargo.toml
+cargo build -q --release --target wasm32-wasip2
+"$wasmop" package "$wasm" | k apply --server-side -f -
+wait_for "kubectl get wasmopplugins to show web-app 0.2.0 running" shows 0.2.0
+[ "$(k -n wasmop-system get wasmopplugin web-app -o jsonpath='{.status.reason}')" = Swapped ] ||
+  fail "the upgrade is not shown as Swapped"
+k -n wasmop-system get wasmopplugins
+took "upgrade"
+
+step "remove the plugin, as the README says: nothing of it is left"
+k -n wasmop-system delete configmap web-app
+k delete serviceaccount,role,rolebinding,clusterrole,clusterrolebinding -A -l wasmop.io/rbac-for=web-app
+left=$(k get serviceaccount,role,rolebinding,clusterrole,clusterrolebinding -A -l wasmop.io/rbac-for=web-app -o name)
+[ -z "$left" ] || fail "left behind: $left"
+gone() { ! k -n wasmop-system get wasmopplugin web-app; }
+wait_for "WasmopPlugin web-app to go with its ConfigMap" gone
+# Its parent and children stay theirs; Memcached, the demo's plugin, still runs.
+k get deploy webapp-sample >/dev/null || fail "removing the plugin took its parent's children"
+[ "$(k -n wasmop-system get wasmopplugin memcached -o jsonpath='{.status.state}')" = Running ] ||
+  fail "the demo's plugin is not running"
+took "removal"
+
+step "stop the demo"
+kill -INT "$demo"
+wait "$demo" || fail "make demo did not end cleanly on Ctrl-C"
+grep -q '^demo: stopped' "$work/demo.log" || fail "make demo did not say it stopped"
 echo
 echo "scaffold-test: ok: from wasmop new to a Ready WebApp in $((SECONDS - begin)) s"
