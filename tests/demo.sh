@@ -130,6 +130,8 @@ wait_until "a Swapped Event naming 0.2.0 on ConfigMap wasmop-system/memcached" s
 k -n wasmop-system describe configmap memcached | sed -n '/^Events:/,$p'
 
 step "ready: keep playing, Ctrl-C stops everything"
+echo "The pods are KWOK's: scheduled and Running, but no container runs, so kubectl logs has"
+echo "nothing to show (docs/operating.md says what the local plane fakes)."
 echo "export $(grep '^KUBECONFIG=' "$work/plane.out")"
 echo "kubectl: $kubectl"
 $exit_when_ready && exit 0
