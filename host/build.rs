@@ -41,6 +41,8 @@ fn main() {
         );
         entry(&mut table, &format!("{name}/Cargo.toml"), &written);
         for take in *takes {
+            // A directory too: a file added to it changes what is embedded.
+            println!("cargo::rerun-if-changed={}", src.join(take).display());
             for file in files(&src.join(take)) {
                 let rel = file.strip_prefix(&src).expect("below its crate");
                 let rel = rel.to_str().expect("UTF-8 paths").replace('\\', "/");
@@ -157,7 +159,7 @@ fn resolve(deps: &mut toml::Table, ws_deps: &toml::Table, version: &toml::Value)
         if resolved.contains_key("path") {
             // The SDK's own crates sit side by side under `sdk/`.
             resolved.insert("path".into(), toml::Value::String(format!("../{name}")));
-            resolved.insert("version".into(), version.clone());
+            resolved.entry("version").or_insert_with(|| version.clone());
         }
         *dep = toml::Value::Table(resolved);
     }

@@ -419,8 +419,11 @@ fn structural(map: &mut Map<String, Value>) {
             };
             map.remove(key);
             for (k, v) in inner {
-                // The field's own description wins over its type's.
-                map.entry(k).or_insert(v);
+                // The field's own description wins over its type's; what `clean` drops stays
+                // dropped.
+                if !["$schema", "title", "default"].contains(&k.as_str()) {
+                    map.entry(k).or_insert(v);
+                }
             }
             map.insert("nullable".into(), json!(true));
             structural(map);

@@ -42,8 +42,7 @@ async fn artifacts(env: &Env) -> Vec<ConfigMap> {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_new_replica_loads_what_another_compiled_and_never_a_planted_artifact() {
     let env = Env::new("e2e-artifacts").await;
-    let wasm = test_artifacts::read(test_artifacts::MEMCACHED);
-    env.put_plugin("memcached", &wasm, None).await;
+    env.put_memcached_plugin().await;
 
     // The first pod compiles, makes the key, and publishes the artifact, owned by the revision.
     let first = fresh_pod(&env, "first");
@@ -67,8 +66,7 @@ async fn a_new_replica_loads_what_another_compiled_and_never_a_planted_artifact(
     // A new pod with an empty disk cache loads it instead of compiling, and reconciles.
     let second = fresh_pod(&env, "second");
     wait_log(&second, "\"shared by another replica\"").await;
-    env.put_memcached("cache", 1).await;
-    env.wait_nodes("cache", 1).await;
+    env.memcached_ready("cache", 1).await;
     second.kill();
 
     // Someone who may write ConfigMaps in the host's namespace, not read the key, replaces the
@@ -106,8 +104,7 @@ async fn a_new_replica_loads_what_another_compiled_and_never_a_planted_artifact(
     let third = fresh_pod(&env, "third");
     wait_log(&third, "fails its MAC; compiling instead").await;
     wait_log(&third, "\"compiled\"").await;
-    env.put_memcached("cache", 2).await;
-    env.wait_nodes("cache", 2).await;
+    env.memcached_ready("cache", 2).await;
     assert!(
         !third.logs().contains("shared by another replica"),
         "{}",

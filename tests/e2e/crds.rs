@@ -137,12 +137,8 @@ async fn sdk_crds_are_accepted_for_every_recommended_field_type() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kubectl_scale_resizes_a_memcached() {
-    let env = Env::new("e2e-scale").await;
-    let v1 = test_artifacts::read(test_artifacts::MEMCACHED);
-    env.put_plugin("memcached", &v1, None).await;
-    let host = env.start_host();
-    env.put_memcached("cache", 1).await;
-    env.wait_nodes("cache", 1).await;
+    let (env, host) = Env::with_memcached("e2e-scale").await;
+    env.memcached_ready("cache", 1).await;
     // What `kubectl scale memcached/cache --replicas 3` sends.
     let scale = json!({"spec": {"replicas": 3}});
     let memcacheds = env.memcacheds();

@@ -245,11 +245,20 @@ async fn kustomize_install_runs_memcached_with_least_privilege() {
     );
     std::fs::write(host_base.join("kustomization.yaml"), without_crd).unwrap();
     kubectl(&["delete", "--wait=true", "-k", host_base.to_str().unwrap()]);
-    let left = kubectl(&["get", plugin_rbac, "-A", "-l", &selector, "-o", "name"]);
+    // By label, and by name: a cluster-wide object the labels missed would still be found.
+    // (Other tests grant Roles of the same name in their own namespaces.)
+    let left = kubectl(&["get", "clusterrole,clusterrolebinding", "-o", "name"]);
+    let left: Vec<String> = String::from_utf8_lossy(&left.stdout)
+        .lines()
+        .filter(|l| l.contains("wasmop-plugin-memcached"))
+        .map(str::to_owned)
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    let labelled = kubectl(&["get", plugin_rbac, "-A", "-l", &selector, "-o", "name"]);
     assert!(
-        left.stdout.is_empty(),
+        labelled.stdout.is_empty(),
         "left behind: {}",
-        String::from_utf8_lossy(&left.stdout)
+        String::from_utf8_lossy(&labelled.stdout)
     );
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(env.client.clone());
     testenv::wait_until(

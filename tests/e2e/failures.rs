@@ -18,8 +18,7 @@ use support::{
 #[tokio::test(flavor = "multi_thread")]
 async fn a_repaired_configmap_is_announced_as_a_recovery() {
     let env = Env::new("e2e-recovered").await;
-    let wasm = test_artifacts::read(test_artifacts::MEMCACHED);
-    env.put_plugin("memcached", &wasm, None).await;
+    let wasm = env.put_memcached_plugin().await;
     let host = env.start_host();
     wait_event(&env, "ConfigMap", "memcached", "Loaded").await;
     let configmaps: Api<ConfigMap> = env.ns.api();
@@ -55,18 +54,15 @@ async fn a_repaired_configmap_is_announced_as_a_recovery() {
     assert_eq!(shown["reason"], "Recovered", "{shown}");
     assert!(shown["revision"].as_i64().is_some(), "{shown}");
     // And it reconciles as before.
-    env.put_memcached("cache", 1).await;
-    env.wait_nodes("cache", 1).await;
+    env.memcached_ready("cache", 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn garbage_module_keeps_the_last_good_version() {
     let env = Env::new("e2e-garbage").await;
-    let wasm = test_artifacts::read(test_artifacts::MEMCACHED);
-    env.put_plugin("memcached", &wasm, None).await;
+    let wasm = env.put_memcached_plugin().await;
     let mut host = env.start_host();
-    env.put_memcached("cache", 1).await;
-    env.wait_nodes("cache", 1).await;
+    env.memcached_ready("cache", 1).await;
 
     env.put_plugin("memcached", b"this is not webassembly", None)
         .await;
@@ -90,8 +86,7 @@ async fn garbage_module_keeps_the_last_good_version() {
     );
 
     // The old version still reconciles.
-    env.put_memcached("cache", 2).await;
-    env.wait_nodes("cache", 2).await;
+    env.memcached_ready("cache", 2).await;
     assert!(host.alive());
 
     // An annotation out of its range (this one used to overflow the controller's clock) is
@@ -119,8 +114,7 @@ async fn garbage_module_keeps_the_last_good_version() {
     )
     .await
     .unwrap_or_else(|e| panic!("{e}\nhost log:\n{}", host.logs()));
-    env.put_memcached("cache", 1).await;
-    env.wait_nodes("cache", 1).await;
+    env.memcached_ready("cache", 1).await;
     assert!(host.alive());
 }
 
@@ -135,8 +129,7 @@ async fn a_trapping_plugin_does_not_disturb_the_others() {
     let mut host = env.start_host();
 
     let probes = put_probe(&env, "p").await;
-    env.put_memcached("cache", 3).await;
-    env.wait_nodes("cache", 3).await;
+    env.memcached_ready("cache", 3).await;
 
     // The trapping plugin's parent says why it is not ready, and so does an Event.
     let ready = wait_not_ready(&probes, "p", &host).await;
@@ -176,8 +169,7 @@ async fn a_trapping_plugin_does_not_disturb_the_others() {
     );
 
     // Meanwhile memcached keeps serving.
-    env.put_memcached("cache", 1).await;
-    env.wait_nodes("cache", 1).await;
+    env.memcached_ready("cache", 1).await;
     assert!(host.alive());
 }
 
@@ -206,8 +198,7 @@ async fn an_object_of_the_same_name_is_never_taken_over() {
         .await
         .unwrap();
     let before = deployments.get("cache").await.unwrap();
-    let wasm = test_artifacts::read(test_artifacts::MEMCACHED);
-    env.put_plugin("memcached", &wasm, None).await;
+    env.put_memcached_plugin().await;
     let host = env.start_host();
     env.put_memcached("cache", 3).await;
 

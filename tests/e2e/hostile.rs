@@ -20,12 +20,8 @@ async fn wait_notice(env: &Env, configmap: &str, reason: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn hostile_plugins_are_bounded_while_memcached_reconciles() {
-    let env = Env::new("e2e-hostile").await;
-    let memcached = test_artifacts::read(test_artifacts::MEMCACHED);
-    env.put_plugin("memcached", &memcached, None).await;
-    let host = env.start_host();
-    env.put_memcached("cache", 2).await;
-    env.wait_nodes("cache", 2).await;
+    let (env, host) = Env::with_memcached("e2e-hostile").await;
+    env.memcached_ready("cache", 2).await;
     let deployments = env.ns.api::<Deployment>();
     let before = deployments.get("cache").await.unwrap();
 
@@ -81,8 +77,7 @@ async fn hostile_plugins_are_bounded_while_memcached_reconciles() {
     assert!(refused.contains("settings.yaml"), "{refused}");
 
     // Memcached was neither disturbed nor taken over.
-    env.put_memcached("cache", 3).await;
-    env.wait_nodes("cache", 3).await;
+    env.memcached_ready("cache", 3).await;
     let after = deployments.get("cache").await.unwrap();
     assert_eq!(after.metadata.uid, before.metadata.uid, "never deleted");
     let labels = after.metadata.labels.unwrap_or_default();

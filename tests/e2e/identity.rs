@@ -10,8 +10,7 @@ use support::{Env, TIMEOUT, events_for, put_probe, wait_event, wait_not_ready};
 #[tokio::test(flavor = "multi_thread")]
 async fn a_plugin_can_write_only_what_its_service_account_may() {
     let env = Env::new("e2e-identity").await;
-    let memcached = test_artifacts::read(test_artifacts::MEMCACHED);
-    env.put_plugin("memcached", &memcached, None).await;
+    env.put_memcached_plugin().await;
     // The adversarial plugin writes a ConfigMap and a Secret; its account may not touch Secrets.
     let adversarial = test_artifacts::read(test_artifacts::ADVERSARIAL);
     env.grant("probe", &adversarial, &["secrets"]).await;
@@ -100,6 +99,5 @@ async fn a_plugin_can_write_only_what_its_service_account_may() {
     );
     // Refused whole: what stood stays.
     assert!(secrets.get_opt("p").await.unwrap().is_some());
-    env.put_memcached("cache", 3).await;
-    env.wait_nodes("cache", 3).await;
+    env.memcached_ready("cache", 3).await;
 }

@@ -119,8 +119,7 @@ async fn the_registry_keeps_the_last_good_version_through_a_bad_one() {
 #[tokio::test(flavor = "multi_thread")]
 async fn in_process_host_reconciles_and_stops_on_shutdown() {
     let env = Env::new("e2e-in-process").await;
-    let wasm = test_artifacts::read(test_artifacts::MEMCACHED);
-    env.put_plugin("memcached", &wasm, None).await;
+    env.put_memcached_plugin().await;
     let host = Host::new(env.client.clone(), config(&env))
         .await
         .expect("host");
@@ -131,8 +130,7 @@ async fn in_process_host_reconciles_and_stops_on_shutdown() {
     let mut plugins = host.plugins();
     let running_host = Running::start(host);
 
-    env.put_memcached("cache", 2).await;
-    env.wait_nodes("cache", 2).await;
+    env.memcached_ready("cache", 2).await;
     let running = plugin_state(&mut plugins, "memcached", "running", |p| {
         p.state == State::Running
     })

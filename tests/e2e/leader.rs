@@ -23,15 +23,13 @@ fn writes_before_leading(log: &str) -> usize {
 #[tokio::test(flavor = "multi_thread")]
 async fn standby_takes_over_when_the_leader_dies() {
     let env = Env::new("e2e-leader").await;
-    let wasm = test_artifacts::read(test_artifacts::MEMCACHED);
-    env.put_plugin("memcached", &wasm, None).await;
+    env.put_memcached_plugin().await;
     let args = ["--leader-elect"];
     let a = env.host().pod("wasmop-a").args(&args).start();
     let b = env.host().pod("wasmop-b").args(&args).start();
     let leader = wait_leader(&[&a, &b]).await;
     let (leader, standby) = if leader == 0 { (a, b) } else { (b, a) };
-    env.put_memcached("cache", 1).await;
-    env.wait_nodes("cache", 1).await;
+    env.memcached_ready("cache", 1).await;
     assert!(!standby.logs().contains(LEADER), "only one leader");
     assert_eq!(
         writes_before_leading(&standby.logs()),
@@ -50,8 +48,7 @@ async fn standby_takes_over_when_the_leader_dies() {
     let takeover = killed.elapsed();
     println!("measured: failover (leader SIGKILLed → standby leads) in {takeover:?}");
     assert!(takeover < Duration::from_secs(60), "took {takeover:?}");
-    env.put_memcached("cache", 2).await;
-    env.wait_nodes("cache", 2).await;
+    env.memcached_ready("cache", 2).await;
 
     // SIGTERM: a graceful stop releases the Lease.
     let log = standby.log.clone();

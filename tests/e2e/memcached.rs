@@ -12,8 +12,7 @@ use support::{Env, TIMEOUT, http_get};
 #[tokio::test(flavor = "multi_thread")]
 async fn memcached_create_scale_drift_delete() {
     let env = Env::new("e2e-memcached").await;
-    let wasm = test_artifacts::read(test_artifacts::MEMCACHED);
-    env.put_plugin("memcached", &wasm, None).await;
+    env.put_memcached_plugin().await;
     let host = env.host().args(&["--log-format", "json"]).start();
 
     // 1. size 3 → a Deployment of 3 owned by the CR, 3 pods Running, 3 names in status.nodes.
@@ -134,12 +133,8 @@ async fn memcached_create_scale_drift_delete() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn host_killed_mid_run_converges_after_restart() {
-    let env = Env::new("e2e-restart").await;
-    let wasm = test_artifacts::read(test_artifacts::MEMCACHED);
-    env.put_plugin("memcached", &wasm, None).await;
-    let host = env.start_host();
-    env.put_memcached("a", 2).await;
-    env.wait_nodes("a", 2).await;
+    let (env, host) = Env::with_memcached("e2e-restart").await;
+    env.memcached_ready("a", 2).await;
 
     // Kill it while it has work: a new CR and a scale land just before the SIGKILL.
     env.put_memcached("b", 1).await;

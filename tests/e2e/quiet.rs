@@ -34,8 +34,7 @@ async fn counts(host: &Host) -> (f64, f64) {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_resync_at_rest_calls_no_plugin_and_a_change_still_does() {
     let env = Env::new("e2e-quiet").await;
-    let wasm = test_artifacts::read(test_artifacts::MEMCACHED);
-    env.put_plugin("memcached", &wasm, None).await;
+    env.put_memcached_plugin().await;
     let configmaps: Api<ConfigMap> = env.ns.api();
     let resync = json!({"metadata": {"annotations": {"wasmop.io/resync-seconds": "1"}}});
     configmaps
@@ -43,8 +42,7 @@ async fn a_resync_at_rest_calls_no_plugin_and_a_change_still_does() {
         .await
         .unwrap();
     let host = env.start_host();
-    env.put_memcached("cache", 1).await;
-    env.wait_nodes("cache", 1).await;
+    env.memcached_ready("cache", 1).await;
     // Let the last status write come back through the watch.
     tokio::time::sleep(Duration::from_secs(3)).await;
 
@@ -64,8 +62,7 @@ async fn a_resync_at_rest_calls_no_plugin_and_a_change_still_does() {
     assert_eq!(calls_after, calls, "no sandbox call at rest");
 
     // A change is a new request: the plugin is called and acts on it.
-    env.put_memcached("cache", 2).await;
-    env.wait_nodes("cache", 2).await;
+    env.memcached_ready("cache", 2).await;
     let (calls_changed, _) = counts(&host).await;
     assert!(
         calls_changed > calls_after,

@@ -62,12 +62,8 @@ async fn put_gz(env: &Env, name: &str, gz: &[u8]) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn gzip_bombs_leave_the_hosts_memory_as_it_was_while_memcached_reconciles() {
-    let env = Env::new("e2e-sources").await;
-    let memcached = test_artifacts::read(test_artifacts::MEMCACHED);
-    env.put_plugin("memcached", &memcached, None).await;
-    let host = env.start_host();
-    env.put_memcached("cache", 1).await;
-    env.wait_nodes("cache", 1).await;
+    let (env, host) = Env::with_memcached("e2e-sources").await;
+    env.memcached_ready("cache", 1).await;
     // The first reconcile's and load's buffers settle.
     tokio::time::sleep(std::time::Duration::from_secs(3)).await;
     let (_, before) = rss_mib(host.pid());
@@ -125,6 +121,5 @@ async fn gzip_bombs_leave_the_hosts_memory_as_it_was_while_memcached_reconciles(
     }
 
     // Memcached was not disturbed.
-    env.put_memcached("cache", 2).await;
-    env.wait_nodes("cache", 2).await;
+    env.memcached_ready("cache", 2).await;
 }

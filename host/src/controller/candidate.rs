@@ -32,6 +32,8 @@ pub struct Seen {
     // The canary's weight, and how its reconciles ended.
     tally: Option<(u8, Tally)>,
     previews: Option<Previews>,
+    // Counts what was added: the progress is made again only when it moved.
+    changes: u64,
 }
 
 /// How a canary's reconciles ended, per parent.
@@ -116,6 +118,12 @@ impl Candidate {
             .map(|(loaded, _)| loaded)
     }
 
+    /// How many reconciles and previews have been recorded: it moves whenever what the
+    /// candidate showed may have.
+    pub fn changes(&self) -> u64 {
+        self.seen.lock().expect("candidate lock").changes
+    }
+
     /// Whether a canary or a preview runs.
     pub fn is_set(&self) -> bool {
         self.canary.is_some() || self.preview.is_some()
@@ -165,6 +173,7 @@ pub fn moved(before: &Option<(String, u8)>, after: &Option<(String, u8)>, parent
 impl Seen {
     /// Records how a reconcile of `parent` by the canary `digest` ended.
     pub fn count(&mut self, digest: &str, parent: &ObjKey, result: &Result<Outcome, Error>) {
+        self.changes += 1;
         // A reconcile by a candidate since replaced says nothing of the new one.
         let Some((_, tally)) = self.tally.as_mut().filter(|(_, t)| t.digest == digest) else {
             return;
@@ -184,6 +193,7 @@ impl Seen {
     /// Records what the previewed candidate `digest` would do to `parent` (`None`: nothing
     /// to say, the parent is gone or not the plugin's to read).
     pub fn previewed(&mut self, digest: &str, parent: &ObjKey, answer: Option<ParentPreview>) {
+        self.changes += 1;
         let Some(p) = self.previews.as_mut().filter(|p| p.digest == digest) else {
             return;
         };

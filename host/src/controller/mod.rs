@@ -113,6 +113,9 @@ pub struct ControllerHandle {
     missing: Vec<(String, Missing)>,
     // How its task ended by itself, once [`ControllerHandle::death`] has seen it.
     died: Option<String>,
+    // Its place on the board, taken down when it stops however it stops: a post left by a
+    // controller that is gone would be judged as the candidate's.
+    post: Post,
 }
 
 impl ControllerHandle {
@@ -193,6 +196,7 @@ impl ControllerHandle {
     /// whoever runs next. Releasing is never cut short: a finalizer left behind would hold its
     /// parent's deletion for good.
     pub async fn stop(self, release: bool) {
+        let post = self.post.clone();
         let (ack, rx) = oneshot::channel();
         let mut task = self.task;
         let reaped = self.died.is_some();
@@ -217,6 +221,7 @@ impl ControllerHandle {
             );
             task.abort();
         }
+        post.clear();
     }
 }
 
@@ -358,6 +363,7 @@ pub fn spawn(hub: &Hub, kinds: Kinds, loaded: Loaded, wiring: Wiring) -> Control
     });
     let (tx, rx) = mpsc::unbounded_channel();
     let name = loaded.plugin.manifest().name.clone();
+    let handle_post = post.clone();
     let runner = Runner {
         shared,
         loaded: loaded.clone(),
@@ -375,6 +381,7 @@ pub fn spawn(hub: &Hub, kinds: Kinds, loaded: Loaded, wiring: Wiring) -> Control
         tasks: HashMap::new(),
         candidate: candidate::Candidate::default(),
         post,
+        published: None,
     };
     let (synced_tx, synced) = watch::channel(false);
     let missing = subs
@@ -394,5 +401,6 @@ pub fn spawn(hub: &Hub, kinds: Kinds, loaded: Loaded, wiring: Wiring) -> Control
         synced,
         missing,
         died: None,
+        post: handle_post,
     }
 }

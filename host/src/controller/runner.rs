@@ -49,8 +49,10 @@ pub(super) struct Runner {
     // Which parent each running task reconciles, for a task that panics.
     pub tasks: HashMap<tokio::task::Id, (ObjKey, Option<String>)>,
     pub candidate: Candidate,
-    // Where the candidate's progress goes, for rollout to read.
+    // Where the candidate's progress goes, for rollout to read, and what it was made from
+    // last (the candidate's changes, the parents): a tick with neither moved posts nothing.
     pub post: Post,
+    pub published: Option<(u64, usize)>,
 }
 
 /// One of the plugin's slots, taken by a reconcile for as long as it runs.
@@ -167,7 +169,7 @@ impl Runner {
                 slot = slot, if due.is_some() && stop.is_none() && self.fence.is_open() => {
                     self.spare = slot.ok();
                 },
-                _ = publish.tick(), if self.candidate.is_set() => self.publish(),
+                _ = publish.tick(), if self.candidate.is_set() => self.publish_if_moved(),
             }
             if stop.is_some() && self.running.is_empty() {
                 break;
@@ -362,10 +364,20 @@ impl Runner {
     }
 
     /// Posts what the candidate has shown, for rollout.
-    fn publish(&self) {
+    fn publish(&mut self) {
+        self.published = Some((self.candidate.changes(), self.shared.parents.len()));
         let kind = &self.shared.kinds.parent.kind.kind;
         let progress = self.candidate.progress(&self.shared.parents, kind);
         self.post.publish(progress);
+    }
+
+    /// Posts again if the candidate recorded something or the parents changed since the last
+    /// post: a preview renders every parent's diff, which is not done for nothing.
+    fn publish_if_moved(&mut self) {
+        let now = (self.candidate.changes(), self.shared.parents.len());
+        if self.published != Some(now) {
+            self.publish();
+        }
     }
 }
 

@@ -340,6 +340,8 @@ impl Supervise for Supervisor {
                 continue;
             }
             let handle = self.running.remove(&configmap).expect("listed above");
+            // What the dead one posted is not the new one's.
+            self.board.post(&configmap, self.shard).clear();
             let (kinds, loaded) = (handle.kinds().clone(), handle.loaded().clone());
             let fresh = self.spawn(&configmap, kinds, loaded);
             self.running.insert(configmap.clone(), fresh);

@@ -26,8 +26,8 @@ pub enum Notice {
     RolloutAborted,
     /// Revisions could not be read or written.
     RevisionFailed,
-    /// The ConfigMap holds the running version again after a `LoadFailed`: nothing to load,
-    /// and the plugin is healthy.
+    /// The ConfigMap is readable again after a `LoadFailed` for an unreadable one, and holds
+    /// what it held before: nothing to load, and the plugin is as it was.
     Recovered,
 }
 

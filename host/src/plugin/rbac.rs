@@ -155,7 +155,7 @@ pub fn grants(manifest: &Manifest, options: &Options) -> Result<Grants, RbacErro
             "wasmop".to_string(),
         ),
         (HOST_LABEL.to_string(), options.namespace.clone()),
-        (FOR_LABEL.to_string(), configmap.to_string()),
+        (FOR_LABEL.to_string(), label_value(configmap)),
     ]);
     let meta = |name: String, namespace: Option<&str>| ObjectMeta {
         name: Some(name),
@@ -251,6 +251,17 @@ pub fn grants(manifest: &Manifest, options: &Options) -> Result<Grants, RbacErro
     })
 }
 
+/// `name` as a label value: itself when it fits the 63 characters a label value may have, else
+/// its first 46 and a hash of the whole, so that it still tells plugins apart.
+pub fn label_value(name: &str) -> String {
+    if name.len() <= 63 {
+        return name.to_string();
+    }
+    let hash = wasmop_contract::hash::fnv1a64(name.as_bytes());
+    let head = name[..46].trim_end_matches(['-', '.']);
+    format!("{head}-{hash:016x}")
+}
+
 /// [`grants`], as one JSON value per object: what a caller applies itself.
 pub fn objects(manifest: &Manifest, options: &Options) -> Result<Vec<Value>, RbacError> {
     Ok(grants(manifest, options)?
@@ -309,6 +320,19 @@ mod tests {
     use wasmop_contract::RelatedKind;
 
     use crate::fixtures::rbac_options as options;
+
+    #[test]
+    fn long_configmap_names_fit_a_label() {
+        let long = format!("a{}", "-b".repeat(100));
+        let value = label_value(&long);
+        assert!(value.len() <= 63, "{value}");
+        assert_ne!(
+            value,
+            label_value(&format!("{long}c")),
+            "a hash tells them apart"
+        );
+        assert_eq!(label_value("memcached"), "memcached");
+    }
 
     #[test]
     fn plurals() {

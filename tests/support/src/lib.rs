@@ -92,6 +92,28 @@ impl Env {
             .expect("apply plugin ConfigMap");
     }
 
+    /// [`Env::new`] with the Memcached plugin and a host running it.
+    pub async fn with_memcached(test: &str) -> (Env, Host) {
+        let env = Env::new(test).await;
+        env.put_memcached_plugin().await;
+        let host = env.start_host();
+        (env, host)
+    }
+
+    /// Puts the Memcached plugin in ConfigMap `memcached`, granted what it needs; its module.
+    pub async fn put_memcached_plugin(&self) -> Vec<u8> {
+        let wasm = test_artifacts::read(test_artifacts::MEMCACHED);
+        self.put_plugin("memcached", &wasm, None).await;
+        wasm
+    }
+
+    /// Creates or updates `Memcached/name` with `spec.size = size` and waits until its status
+    /// names that many pods; returns their names.
+    pub async fn memcached_ready(&self, name: &str, size: i64) -> Vec<String> {
+        self.put_memcached(name, size).await;
+        self.wait_nodes(name, size as usize).await
+    }
+
     /// Creates or updates `Memcached/name` with `spec.size = size`.
     pub async fn put_memcached(&self, name: &str, size: i64) {
         let obj = json!({

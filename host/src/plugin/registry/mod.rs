@@ -171,6 +171,9 @@ struct Slot {
     paused: bool,
     // A candidate rolling out beside the running version.
     candidate: Option<Candidate>,
+    // The ConfigMap could not be read (say, two module keys): the state before, which a
+    // repair back to the same source restores.
+    unreadable: Option<State>,
 }
 
 /// A revision rolling out as a canary.
@@ -418,6 +421,7 @@ impl Registry {
             running: None,
             paused: false,
             candidate: None,
+            unreadable: None,
         });
         slot.configmap = cm;
         let source = match source {
@@ -433,27 +437,28 @@ impl Registry {
                 };
                 tracing::warn!(configmap = %name, error = %e, "invalid plugin ConfigMap; the running version, if any, stays");
                 count_load(&name, "failure");
+                if slot.unreadable.is_none() {
+                    slot.unreadable = Some(slot.state.clone());
+                }
                 slot.state = State::Failed(msg.clone());
                 let cm = slot.configmap.clone();
                 self.event(&cm, Notice::LoadFailed, &msg);
                 return;
             }
         };
+        let before = slot.unreadable.take();
         if slot.latest.as_ref().is_some_and(|l| l.same_as(&source)) {
-            // The ConfigMap was unreadable (say, two module keys) and is repaired, back to
-            // what runs: nothing to load, and the failure is over.
-            let runs = slot
-                .running
-                .as_ref()
-                .filter(|r| r.plugin.digest() == source.digest);
-            let recovered = match (&slot.state, runs) {
-                (State::Failed(_), Some(running)) => Some(running.describe()),
-                _ => None,
-            };
-            if let Some(running) = recovered {
-                let msg = format!("the ConfigMap is readable again; {running} runs");
+            // The ConfigMap was unreadable and is repaired, back to the source it held: nothing
+            // to load, and it is as it was before.
+            if let Some(before) = before {
+                let now = match (&before, &slot.running) {
+                    (State::Running, Some(running)) => format!("{} runs", running.describe()),
+                    (State::Failed(why) | State::Waiting(why), _) => format!("as before: {why}"),
+                    _ => "as before".to_string(),
+                };
+                let msg = format!("the ConfigMap is readable again; {now}");
                 tracing::info!(configmap = %name, "{msg}");
-                slot.state = State::Running;
+                slot.state = before;
                 let cm = slot.configmap.clone();
                 self.event(&cm, Notice::Recovered, &msg);
             }

@@ -64,7 +64,9 @@ pub fn object(configmap: &str, uid: &str, shown: &Shown) -> Value {
 /// Writes the `WasmopPlugin`s of one namespace.
 pub struct Shower {
     api: Api<DynamicObject>,
-    written: HashMap<String, Shown>,
+    // What was written, by ConfigMap, with the UID of the ConfigMap that owns it: one deleted
+    // and made again takes its object with it, which is then written afresh.
+    written: HashMap<String, (String, Shown)>,
     // Since when the kind is known not to be served.
     missing: Option<Instant>,
 }
@@ -93,7 +95,11 @@ impl Shower {
         self.written
             .retain(|cm, _| plugins.iter().any(|(name, _, _)| name == cm));
         for (configmap, uid, shown) in plugins {
-            if self.written.get(&configmap) == Some(&shown) || uid.is_empty() {
+            let same = self
+                .written
+                .get(&configmap)
+                .is_some_and(|(u, s)| *u == uid && *s == shown);
+            if same || uid.is_empty() {
                 continue;
             }
             let obj = object(&configmap, &uid, &shown);
@@ -105,7 +111,7 @@ impl Shower {
             {
                 Ok(_) => {
                     self.missing = None;
-                    self.written.insert(configmap, shown);
+                    self.written.insert(configmap, (uid, shown));
                 }
                 Err(kube::Error::Api(e)) if e.code == 404 => {
                     if self.missing.is_none() {

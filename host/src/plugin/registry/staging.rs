@@ -370,7 +370,7 @@ impl Registry {
         let due = published
             .shards_at
             .is_none_or(|at| at.elapsed() >= PREVIEW_PUBLISH);
-        // Every parent's diff is rendered for a report: only when one may be written.
+        // The board's copy holds every parent's diff: taken only when one may be written.
         let previews = if due {
             self.shard_previews(configmap)
         } else {
