@@ -4,12 +4,13 @@
 #
 # Kept simple and not built here: no container engine runs where wasmop is developed. The
 # static build itself is what `cargo build --release --target x86_64-unknown-linux-musl
-# -p wasmop` produces with musl-tools installed (ring's C code needs musl-gcc).
+# -p wasmop` produces with musl-tools installed (ring's C code needs musl-gcc), and the
+# wasm32-wasip2 target, for the script interpreter the binary carries.
 FROM rust:1.95-bookworm AS build
 RUN apt-get update \
  && apt-get install -y --no-install-recommends musl-tools \
  && rm -rf /var/lib/apt/lists/* \
- && rustup target add x86_64-unknown-linux-musl
+ && rustup target add x86_64-unknown-linux-musl wasm32-wasip2
 WORKDIR /src
 COPY . .
 RUN cargo build --release --locked --target x86_64-unknown-linux-musl -p wasmop \

@@ -5,9 +5,14 @@
 //!
 //! Their manifests inherit from this workspace (`edition.workspace = true`, `serde.workspace =
 //! true`); they are written out standalone, with the workspace's values in place.
+//!
+//! Also builds the script interpreters (`interpreters/`) for `wasm32-wasip2`, with a nested
+//! cargo into `<target>/wasm-interp`, and copies each component into `OUT_DIR`, where the
+//! sandbox embeds it: `wasmop` alone runs script plugins.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 
 /// The crates embedded: (directory in this workspace, name in the new crate's `sdk/`, files and
 /// folders to take).
@@ -52,6 +57,75 @@ fn main() {
     }
     table.push(']');
     std::fs::write(out.join("sdk.rs"), table).expect("writing sdk.rs to OUT_DIR");
+
+    for (dir, stem) in INTERPRETERS {
+        interpreter(&root, &out, dir, stem);
+    }
+}
+
+/// The interpreters: (directory, the file stem of the component it builds).
+const INTERPRETERS: &[(&str, &str)] = &[("interpreters/starlark", "wasmop_starlark")];
+
+/// Builds the interpreter in `dir` and copies `<stem>.wasm` into `out`.
+fn interpreter(root: &Path, out: &Path, dir: &str, stem: &str) {
+    for input in [dir, "guest-sdk/wit"] {
+        println!("cargo::rerun-if-changed={}", root.join(input).display());
+    }
+    let target = target_dir(out).join("wasm-interp");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(root)
+        .args([
+            "build",
+            "--locked",
+            "--release",
+            "--target",
+            "wasm32-wasip2",
+        ])
+        .arg("--manifest-path")
+        .arg(root.join(dir).join("Cargo.toml"))
+        .arg("--target-dir")
+        .arg(&target)
+        // Its own profile decides, not the flags given to the host's build or the plugins'.
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .env_remove("RUSTC_WORKSPACE_WRAPPER")
+        .env("CARGO_TARGET_WASM32_WASIP2_RUSTFLAGS", "-C strip=symbols")
+        .stdin(Stdio::null());
+    let output = cmd.output().expect("running cargo");
+    if !output.status.success() {
+        panic!(
+            "building the interpreter in {dir} failed (the wasm32-wasip2 target is needed: \
+             `rustup target add wasm32-wasip2`):\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let built = target.join(format!("wasm32-wasip2/release/{stem}.wasm"));
+    std::fs::copy(&built, out.join(format!("{stem}.wasm")))
+        .unwrap_or_else(|e| panic!("copying {}: {e}", built.display()));
+}
+
+/// The target directory of this build: `CARGO_TARGET_DIR` when absolute, else found above
+/// `OUT_DIR` (`<target>/[<triple>/]<profile>/build/<pkg>-<hash>/out`), so that every profile
+/// shares one nested build.
+fn target_dir(out: &Path) -> PathBuf {
+    if let Some(dir) = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from)
+        && dir.is_absolute()
+    {
+        return dir;
+    }
+    let build = out
+        .ancestors()
+        .find(|p| p.file_name().is_some_and(|n| n == "build"))
+        .unwrap_or_else(|| panic!("no build/ above OUT_DIR {}", out.display()));
+    let mut dir = build
+        .parent()
+        .and_then(Path::parent)
+        .expect("<target>/<profile>");
+    if std::env::var_os("TARGET").is_some_and(|t| dir.file_name() == Some(t.as_os_str())) {
+        dir = dir.parent().expect("the triple directory has a parent");
+    }
+    dir.to_path_buf()
 }
 
 fn entry(table: &mut String, path: &str, file: &Path) {

@@ -86,6 +86,19 @@ pub struct NewArgs {
     /// The parent's resource plural. Default: guessed from the kind, as `wasmop rbac` does.
     #[arg(long)]
     pub plural: Option<String>,
+    /// The plugin's language: a Rust crate built to WebAssembly, or a Starlark script that
+    /// the `wasmop` binary runs (no toolchain).
+    #[arg(long, value_enum, default_value_t = Lang::Rust)]
+    pub lang: Lang,
+}
+
+/// The languages `wasmop new` writes a plugin in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Lang {
+    /// A crate with the SDK, built for `wasm32-wasip2`.
+    Rust,
+    /// `plugin.star`, with a CRD written out as YAML.
+    Starlark,
 }
 
 /// `wasmop capture`.
@@ -110,7 +123,7 @@ pub struct CaptureArgs {
 /// `wasmop replay`.
 #[derive(Debug, Args)]
 pub struct ReplayArgs {
-    /// The build to replay (`.wasm`).
+    /// The build to replay (`.wasm`, or a script such as `plugin.star`).
     #[arg(long)]
     pub plugin: PathBuf,
     /// A directory `wasmop capture` wrote.
@@ -268,7 +281,7 @@ pub enum LogFormat {
 /// `wasmop render`.
 #[derive(Debug, Args)]
 pub struct RenderArgs {
-    /// The plugin module (`.wasm`).
+    /// The plugin module (`.wasm`), or a script (`.star`).
     #[arg(long)]
     pub plugin: PathBuf,
     /// The parent object (YAML or JSON).
@@ -291,16 +304,16 @@ pub struct RenderArgs {
 /// `wasmop inspect`.
 #[derive(Debug, Args)]
 pub struct InspectArgs {
-    /// The plugin module (`.wasm`).
+    /// The plugin module (`.wasm`), or a script (`.star`).
     pub plugin: PathBuf,
 }
 
 /// `wasmop package`.
 #[derive(Debug, Args)]
 pub struct PackageArgs {
-    /// The plugin module (`.wasm`).
+    /// The plugin module (`.wasm`), or a script (`.star`).
     pub plugin: PathBuf,
-    /// Name of the ConfigMap and of its module key (`<name>.wasm` or `<name>.wasm.gz`).
+    /// Name of the ConfigMap and of its module key (`<name>.wasm` or `<name>.wasm.gz`; a script keeps its file name).
     /// Defaults to the plugin's manifest name.
     #[arg(long)]
     pub name: Option<String>,
@@ -315,7 +328,7 @@ pub struct PackageArgs {
 /// `wasmop rbac`.
 #[derive(Debug, Args)]
 pub struct RbacArgs {
-    /// The plugin module (`.wasm`).
+    /// The plugin module (`.wasm`), or a script (`.star`).
     pub plugin: PathBuf,
     /// Namespace of the host's ServiceAccount.
     #[arg(long, default_value = config::NAMESPACE)]

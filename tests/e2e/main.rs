@@ -18,5 +18,6 @@ mod memcached;
 mod quiet;
 mod reads;
 mod rollout;
+mod scripts;
 mod sources;
 mod swap;

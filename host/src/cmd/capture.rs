@@ -95,7 +95,7 @@ async fn capture(args: CaptureArgs) -> anyhow::Result<()> {
     };
     let src = source::read(&cm, &Limits::default())
         .with_context(|| format!("reading plugin {plugin_name}"))?;
-    let plugin = crate::plugin::offline::load(&src.wasm, src.limits)
+    let plugin = crate::plugin::offline::load(&src.key, &src.wasm, src.limits)
         .with_context(|| format!("loading plugin {plugin_name}"))?;
     let manifest = plugin.manifest().clone();
     let kinds = crate::kinds::resolve(&client, &manifest)

@@ -26,7 +26,7 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
     let (wasm, plugin) = crate::plugin::offline::load_file(&args.plugin)?;
     let report = Report {
         digest: plugin.digest(),
-        size: plugin.size(),
+        size: wasm.len(),
         size_gzip: gzip_size(&wasm)?,
         manifest: plugin.manifest(),
     };

@@ -5,15 +5,17 @@
 //! is published; or a local checkout with `--sdk-path`), a size-tuned release profile, a parent kind declared with
 //! `custom_resource!`, reconcile logic that keeps a Deployment, native tests, an example that
 //! prints the CRD written from the Rust types, a sample CR and a README with the build,
-//! render, package and install commands. Every name is checked before anything is written,
-//! and an existing non-empty directory is never written into.
+//! render, package and install commands. With `--lang starlark` it is a directory with
+//! `plugin.star`, the CRD as YAML, a sample and a README instead: nothing to build. Every name
+//! is checked before anything is written, and an existing non-empty directory is never
+//! written into.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use wasmop_contract::names::{is_dns1123_label, is_dns1123_subdomain};
 
-use crate::cli::NewArgs;
+use crate::cli::{Lang, NewArgs};
 use crate::plugin::rbac::guess_plural;
 
 /// The SDK's crates, as this binary was built with them (`build.rs`): (path under `sdk/`,
@@ -43,6 +45,26 @@ const FILES: &[(&str, &str)] = &[
     (
         "sample.yaml",
         include_str!("../../templates/new/sample.yaml"),
+    ),
+];
+
+/// The template files of a Starlark plugin.
+const STARLARK_FILES: &[(&str, &str)] = &[
+    (
+        "plugin.star",
+        include_str!("../../templates/new-star/plugin.star"),
+    ),
+    (
+        "crd.yaml",
+        include_str!("../../templates/new-star/crd.yaml"),
+    ),
+    (
+        "sample.yaml",
+        include_str!("../../templates/new/sample.yaml"),
+    ),
+    (
+        "README.md",
+        include_str!("../../templates/new-star/README.md"),
     ),
 ];
 
@@ -78,6 +100,20 @@ pub fn run(args: NewArgs) -> anyhow::Result<()> {
         sdk,
     )?;
     let dir = args.dir.unwrap_or_else(|| PathBuf::from(&args.name));
+    if args.lang == Lang::Starlark {
+        write_files(&dir, &scaffold, STARLARK_FILES)?;
+        return super::print(&format!(
+            "created {} ({} {}/{}, plugin {}, in Starlark)\n\nnext:\n  cd {}\n  wasmop \
+             render --plugin plugin.star --parent sample.yaml\n  wasmop package plugin.star > \
+             configmap.yaml\n\nthe README says how to install it on a cluster\n",
+            dir.display(),
+            scaffold.kind,
+            scaffold.group,
+            scaffold.version,
+            scaffold.name,
+            dir.display(),
+        ));
+    }
     write(&dir, &scaffold)?;
     if args.sdk_path.is_none() {
         write_sdk(&dir)?;
@@ -174,6 +210,11 @@ impl Scaffold {
 
 /// Writes the scaffold into `dir`, which must be absent or empty.
 pub fn write(dir: &Path, scaffold: &Scaffold) -> anyhow::Result<()> {
+    write_files(dir, scaffold, FILES)
+}
+
+/// Writes `files`, filled, into `dir`, which must be absent or empty.
+fn write_files(dir: &Path, scaffold: &Scaffold, files: &[(&str, &str)]) -> anyhow::Result<()> {
     if let Ok(mut entries) = std::fs::read_dir(dir)
         && entries.next().is_some()
     {
@@ -182,7 +223,7 @@ pub fn write(dir: &Path, scaffold: &Scaffold) -> anyhow::Result<()> {
             dir.display()
         );
     }
-    for (path, template) in FILES {
+    for (path, template) in files {
         let path = dir.join(path);
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent)
@@ -263,7 +304,7 @@ mod tests {
     #[test]
     fn every_template_is_filled() {
         let s = scaffold("web-app").unwrap();
-        for (path, template) in FILES {
+        for (path, template) in FILES.iter().chain(STARLARK_FILES) {
             let text = s.fill(template);
             assert!(!text.contains("__"), "{path} keeps a placeholder:\n{text}");
         }

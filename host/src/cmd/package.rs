@@ -6,7 +6,8 @@ use anyhow::Context;
 
 use crate::cli::PackageArgs;
 use crate::plugin::offline;
-use crate::plugin::package::package;
+use crate::plugin::package::{package, package_script};
+use crate::sandbox::Language;
 
 /// Runs `wasmop package`.
 pub fn run(args: PackageArgs) -> anyhow::Result<()> {
@@ -24,7 +25,22 @@ pub fn run(args: PackageArgs) -> anyhow::Result<()> {
     };
     let manifest = plugin.manifest();
     let name = args.name.unwrap_or_else(|| manifest.name.clone());
-    let packaged = package(&wasm, &name, &args.namespace, settings)?;
+    let file = args
+        .plugin
+        .file_name()
+        .unwrap_or_default()
+        .to_string_lossy();
+    let packaged = match Language::of_key(&file) {
+        // `offline::load_file` took it as UTF-8 text already.
+        Some(_) => package_script(
+            &file,
+            &String::from_utf8_lossy(&wasm),
+            &name,
+            &args.namespace,
+            settings,
+        )?,
+        None => package(&wasm, &name, &args.namespace, settings)?,
+    };
     super::print(&format!(
         "# Plugin {} {}, {}: {} bytes, stored as {} ({} bytes).\n\
          # Apply with `kubectl apply --server-side -f -`: a client-side apply would also copy the\n\

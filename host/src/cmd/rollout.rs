@@ -21,7 +21,9 @@ use crate::plugin::revision::{Phase, Revision, Revisions};
 use crate::plugin::rollout::{ABORT_ANNOTATION, PROMOTE_ANNOTATION};
 use crate::plugin::source::{
     DEADLINE_ANNOTATION, MEMORY_ANNOTATION, RESPONSE_ANNOTATION, RESYNC_ANNOTATION, SETTINGS_KEY,
+    is_module_key,
 };
+use crate::sandbox::Language;
 
 /// Runs `wasmop rollout`.
 pub fn run(args: RolloutArgs) -> anyhow::Result<()> {
@@ -140,15 +142,24 @@ fn undo_target(all: &[Revision], to: Option<i64>) -> anyhow::Result<&Revision> {
 /// (its labels, its rollout annotations), and asks for revision `number` to go live at once
 /// (an undo is never staged, even to a revision once aborted).
 fn restore(cm: &mut ConfigMap, stored: &ConfigMap, number: i64) {
+    // The module (or script) and settings are the stored ones, wherever either was kept. A
+    // revision holds a script as bytes; it goes back as text, where people read it.
     let mut binary = cm.binary_data.take().unwrap_or_default();
-    binary.retain(|k, _| !(k.ends_with(".wasm") || k.ends_with(".wasm.gz")));
-    binary.extend(stored.binary_data.clone().unwrap_or_default());
-    cm.binary_data = Some(binary);
+    binary.retain(|k, _| !is_module_key(k));
     let mut data = cm.data.take().unwrap_or_default();
-    data.remove(SETTINGS_KEY);
-    if let Some(s) = stored.data.as_ref().and_then(|d| d.get(SETTINGS_KEY)) {
-        data.insert(SETTINGS_KEY.to_owned(), s.clone());
+    data.retain(|k, _| !is_module_key(k) && k != SETTINGS_KEY);
+    data.extend(stored.data.clone().unwrap_or_default());
+    for (key, bytes) in stored.binary_data.clone().unwrap_or_default() {
+        match (Language::of_key(&key), String::from_utf8(bytes.0.clone())) {
+            (Some(_), Ok(text)) => {
+                data.insert(key, text);
+            }
+            _ => {
+                binary.insert(key, bytes);
+            }
+        }
     }
+    cm.binary_data = (!binary.is_empty()).then_some(binary);
     cm.data = (!data.is_empty()).then_some(data);
     let annotations = cm.metadata.annotations.get_or_insert_with(BTreeMap::new);
     for key in [
@@ -298,6 +309,39 @@ mod tests {
         ];
         assert_eq!(undo_target(&canary, None).unwrap().number, 2);
         assert!(undo_target(&[rev(1, Phase::Live)], None).is_err());
+    }
+
+    #[test]
+    fn restore_swaps_a_module_for_a_script_and_back() {
+        let module = ConfigMap {
+            binary_data: Some(BTreeMap::from([(
+                "memcached.wasm.gz".into(),
+                ByteString(vec![2]),
+            )])),
+            ..Default::default()
+        };
+        // As a revision stores it: the script in binaryData.
+        let script = ConfigMap {
+            binary_data: Some(BTreeMap::from([(
+                "plugin.star".into(),
+                ByteString(b"x = 1\n".to_vec()),
+            )])),
+            data: Some(BTreeMap::from([(SETTINGS_KEY.into(), "a: 1\n".into())])),
+            ..Default::default()
+        };
+        let mut cm = module.clone();
+        restore(&mut cm, &script, 2);
+        assert_eq!(cm.binary_data, None);
+        assert_eq!(
+            cm.data,
+            Some(BTreeMap::from([
+                ("plugin.star".into(), "x = 1\n".into()),
+                (SETTINGS_KEY.into(), "a: 1\n".into()),
+            ]))
+        );
+        restore(&mut cm, &module, 1);
+        assert_eq!(cm.binary_data, module.binary_data);
+        assert_eq!(cm.data, None);
     }
 
     #[test]

@@ -197,8 +197,16 @@ impl Loader {
     /// size fits the budget, and dropped with its reservation when the compile ends.
     pub async fn load(&self, mut source: PluginSource) -> Result<(Loaded, Kinds), LoadError> {
         let plugin = {
-            let (wasm, _held) = self.module(&mut source).await?;
-            self.sandbox.load(wasm, source.limits).await
+            let (module, _held) = self.module(&mut source).await?;
+            match source.parts.language() {
+                Some(language) => {
+                    let file = source.key.clone();
+                    self.sandbox
+                        .load_script(language, file, module, source.limits)
+                        .await
+                }
+                None => self.sandbox.load(module, source.limits).await,
+            }
         }
         .map_err(LoadError::Plugin)?;
         let kinds = kinds::resolve(&self.client, plugin.manifest())

@@ -1,6 +1,8 @@
 //! A plugin module as the ConfigMap the host loads it from: the inverse of
 //! [`super::source::read`]. It is stored gzipped (`<name>.wasm.gz`) when that is smaller, raw
-//! (`<name>.wasm`) otherwise, and refused when it cannot fit a ConfigMap even so.
+//! (`<name>.wasm`) otherwise, and refused when it cannot fit a ConfigMap even so. A script
+//! ([`package_script`]) is stored as text under its own file name, as `kubectl create
+//! configmap --from-file` stores it.
 //!
 //! The API server limits a ConfigMap to 1 MiB ([`CONFIGMAP_LIMIT`]): the sum of its `data` and
 //! `binaryData` values, counted as raw bytes. `binaryData` travels base64-encoded in JSON and
@@ -42,6 +44,17 @@ pub enum PackageError {
         gzipped: usize,
         /// `", plus N bytes of settings"`, or empty.
         settings: String,
+    },
+    /// A script too large for a ConfigMap.
+    #[error(
+        "the script does not fit a ConfigMap: {size} bytes plus {settings} bytes of settings, \
+         and a ConfigMap holds at most {CONFIGMAP_LIMIT} bytes"
+    )]
+    ScriptTooLarge {
+        /// The script's size.
+        size: usize,
+        /// The settings' size.
+        settings: usize,
     },
 }
 
@@ -85,22 +98,58 @@ pub fn package(
         });
     }
     let stored = bytes.len();
-    let configmap = ConfigMap {
+    let mut configmap = labelled(name, namespace, settings);
+    configmap.binary_data = Some(BTreeMap::from([(key.clone(), ByteString(bytes))]));
+    Ok(Packaged {
+        configmap,
+        key,
+        stored,
+    })
+}
+
+/// Builds the ConfigMap named `name` in `namespace` for the script `source`, held under
+/// `file` (its file name, whose extension names its language) as text.
+pub fn package_script(
+    file: &str,
+    source: &str,
+    name: &str,
+    namespace: &str,
+    settings: Option<String>,
+) -> Result<Packaged, PackageError> {
+    if !is_dns1123_subdomain(name) {
+        return Err(PackageError::Name(name.to_string()));
+    }
+    let settings_len = settings.as_ref().map_or(0, String::len);
+    if source.len() + settings_len > CONFIGMAP_LIMIT {
+        return Err(PackageError::ScriptTooLarge {
+            size: source.len(),
+            settings: settings_len,
+        });
+    }
+    let mut configmap = labelled(name, namespace, settings);
+    configmap
+        .data
+        .get_or_insert_with(BTreeMap::new)
+        .insert(file.to_owned(), source.to_owned());
+    Ok(Packaged {
+        configmap,
+        key: file.to_owned(),
+        stored: source.len(),
+    })
+}
+
+/// A plugin ConfigMap with its label and settings, and no module yet.
+fn labelled(name: &str, namespace: &str, settings: Option<String>) -> ConfigMap {
+    ConfigMap {
         metadata: ObjectMeta {
             name: Some(name.to_string()),
             namespace: Some(namespace.to_string()),
             labels: Some(BTreeMap::from([(PLUGIN_LABEL.to_string(), String::new())])),
             ..Default::default()
         },
-        binary_data: Some(BTreeMap::from([(key.clone(), ByteString(bytes))])),
         data: settings.map(|s| BTreeMap::from([(SETTINGS_KEY.to_string(), s)])),
         ..Default::default()
-    };
-    Ok(Packaged {
-        configmap,
-        key,
-        stored,
-    })
+    }
 }
 
 /// `gzip -9`, deterministic (no timestamp, no file name), so a package is reproducible.
@@ -128,6 +177,18 @@ mod tests {
                 x as u8
             })
             .collect()
+    }
+
+    #[test]
+    fn a_script_is_stored_as_text_under_its_file_name_and_read_back() {
+        let p = package_script("plugin.star", "x = 1\n", "demo", "ops", None).unwrap();
+        assert_eq!((p.key.as_str(), p.stored), ("plugin.star", 6));
+        assert!(p.configmap.binary_data.is_none());
+        let src = source::read(&p.configmap, &Default::default()).unwrap();
+        assert_eq!(src.wasm, b"x = 1\n");
+        let huge = "#".repeat(CONFIGMAP_LIMIT + 1);
+        let err = package_script("plugin.star", &huge, "demo", "ops", None).unwrap_err();
+        assert!(matches!(err, PackageError::ScriptTooLarge { .. }), "{err}");
     }
 
     #[test]

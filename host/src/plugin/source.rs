@@ -1,7 +1,9 @@
 //! Reads a plugin out of its ConfigMap: the module bytes, their digest, settings and limits.
 //!
-//! A plugin ConfigMap carries the label [`PLUGIN_LABEL`] and exactly one `binaryData` key ending
-//! in `.wasm` (raw) or `.wasm.gz` (gzip). Optional keys and annotations:
+//! A plugin ConfigMap carries the label [`PLUGIN_LABEL`] and exactly one module: a `binaryData`
+//! key ending in `.wasm` (raw) or `.wasm.gz` (gzip), or a script in a key whose extension names
+//! its language ([`Language::of_key`]: `.star` for Starlark), in `data` or `binaryData`.
+//! Optional keys and annotations:
 //! - `settings.yaml` (in `data`): handed to every reconcile as `settings`;
 //! - annotations [`DEADLINE_ANNOTATION`], [`MEMORY_ANNOTATION`], [`RESPONSE_ANNOTATION`] and
 //!   [`RESYNC_ANNOTATION`] override the host's defaults for this plugin, each within its
@@ -32,7 +34,7 @@ use sha2::{Digest, Sha256};
 
 use super::rollout::{Rollout, RolloutError};
 use crate::config;
-use crate::sandbox::{Limits, digest_of};
+use crate::sandbox::{Language, Limits, digest_of};
 
 /// The label that marks a ConfigMap as a plugin (any value).
 pub const PLUGIN_LABEL: &str = "wasmop.io/plugin";
@@ -102,7 +104,13 @@ pub struct Parts {
 }
 
 impl Parts {
-    /// The module of ConfigMap `configmap`, inflated if it is stored gzipped (after the checks
+    /// The language of a script plugin; `None` for a WebAssembly module.
+    pub fn language(&self) -> Option<Language> {
+        Language::of_key(&self.key)
+    }
+
+    /// The module of ConfigMap `configmap` (a script's text, for a script), inflated if it is
+    /// stored gzipped (after the checks
     /// of [`check_gzip`], and never past the size it declares).
     pub fn wasm(&self, configmap: &str) -> Result<Vec<u8>, SourceError> {
         if !self.gzipped() {
@@ -175,7 +183,11 @@ impl Parts {
         crate::text::hex(&h.finalize()[..5])
     }
 
-    /// The parts as a plugin ConfigMap named `name`, which [`read`] reads back.
+    /// The parts as a plugin ConfigMap named `name`, which [`read`] reads back. The module is
+    /// in `binaryData` even when it is a script: a revision holds this ConfigMap in its
+    /// `data`, which the API server compares byte for byte after a JSON round trip that
+    /// escapes `<`, `>` and `&`, so a script as text would make every later patch of the
+    /// revision fail as a change to an immutable field.
     pub fn to_configmap(&self, name: &str) -> ConfigMap {
         ConfigMap {
             metadata: kube::api::ObjectMeta {
@@ -235,11 +247,13 @@ impl PluginSource {
 /// Why a ConfigMap does not hold a usable plugin.
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
-    /// No `binaryData` key ends in `.wasm` or `.wasm.gz`.
-    #[error("no binaryData key ending in .wasm or .wasm.gz (found: {0})")]
+    /// No `binaryData` key ends in `.wasm` or `.wasm.gz`, and no key names a script.
+    #[error(
+        "no binaryData key ending in .wasm or .wasm.gz, and no script key ending in .star (found: {0})"
+    )]
     NoModule(String),
-    /// More than one module key.
-    #[error("more than one module key in binaryData: {0}; keep exactly one")]
+    /// More than one module or script key.
+    #[error("more than one module key: {0}; keep exactly one")]
     ManyModules(String),
     /// The module's bytes are not what its key says (see [`ModuleFault`]).
     #[error("ConfigMap {configmap}, binaryData key {key}: {fault}")]
@@ -276,14 +290,16 @@ impl SourceError {
             // It names the ConfigMap and its key already.
             Self::Module { .. } => format!("{self} (namespace {namespace})"),
             // Two install paths mixed (`create configmap --from-file` and `wasmop package`):
-            // say how to keep the packaged one.
+            // say how to keep the packaged one (a script beside a module is no such mix-up).
             Self::ManyModules(keys) => {
+                let script = keys.split(", ").any(|k| Language::of_key(k).is_some());
                 let remove: Vec<String> = keys
                     .split(", ")
                     .filter(|k| !k.ends_with(".wasm.gz"))
                     .map(|k| format!("{{\"op\":\"remove\",\"path\":\"/binaryData/{k}\"}}"))
                     .collect();
-                let fix = if remove.is_empty() || remove.len() == keys.split(", ").count() {
+                let fix = if script || remove.is_empty() || remove.len() == keys.split(", ").count()
+                {
                     String::new()
                 } else {
                     format!(
@@ -353,6 +369,11 @@ pub enum ModuleFault {
     Gzip(std::io::Error),
 }
 
+/// Whether `key` holds a plugin's module: `.wasm`, `.wasm.gz`, or a script's extension.
+pub fn is_module_key(key: &str) -> bool {
+    key.ends_with(".wasm") || key.ends_with(".wasm.gz") || Language::of_key(key).is_some()
+}
+
 /// Reads a plugin out of `cm`, starting from the host's `defaults`, with its module inflated.
 pub fn read(cm: &ConfigMap, defaults: &Limits) -> Result<PluginSource, SourceError> {
     let mut source = read_stored(cm, defaults, None)?;
@@ -371,9 +392,11 @@ pub fn read_stored(
 ) -> Result<PluginSource, SourceError> {
     let configmap = cm.metadata.name.clone().unwrap_or_default();
     let binary = cm.binary_data.clone().unwrap_or_default();
+    let text = cm.data.clone().unwrap_or_default();
     let modules: Vec<&String> = binary
         .keys()
-        .filter(|k| k.ends_with(".wasm") || k.ends_with(".wasm.gz"))
+        .filter(|k| is_module_key(k))
+        .chain(text.keys().filter(|k| Language::of_key(k).is_some()))
         .collect();
     let key = match modules.as_slice() {
         [one] => (*one).clone(),
@@ -399,7 +422,10 @@ pub fn read_stored(
             return Err(SourceError::ManyModules(names.join(", ")));
         }
     };
-    let raw = &binary[&key].0;
+    let raw = match binary.get(&key) {
+        Some(bytes) => bytes.0.clone(),
+        None => text[&key].clone().into_bytes(),
+    };
 
     let settings_text = cm.data.as_ref().and_then(|d| d.get(SETTINGS_KEY)).cloned();
     let settings = match &settings_text {
@@ -439,7 +465,7 @@ pub fn read_stored(
     let rollout = Rollout::from_annotations(&annotations)?;
     let parts = Parts {
         key: key.clone(),
-        module: raw.clone(),
+        module: raw,
         settings: settings_text,
         annotations: LIMIT_ANNOTATIONS
             .iter()
@@ -641,6 +667,49 @@ mod tests {
         assert_eq!(src.settings, Value::Null);
     }
 
+    #[test]
+    fn a_script_key_names_its_language_and_reads_back() {
+        let script = "MANIFEST = {}\n";
+        let configmap = cm(
+            &[],
+            &[("plugin.star", script), (SETTINGS_KEY, "a: 1\n")],
+            &[],
+        );
+        let src = read(&configmap, &Limits::default()).unwrap();
+        assert_eq!(src.key, "plugin.star");
+        assert_eq!(src.parts.language(), Some(Language::Starlark));
+        assert_eq!(src.wasm, script.as_bytes());
+        assert_eq!(src.digest, digest_of(script.as_bytes()));
+        assert_eq!(src.settings["a"], 1);
+        // A revision stores it as bytes, and reads it back the same.
+        let back = src.parts.to_configmap("memcached");
+        assert_eq!(
+            back.binary_data.as_ref().unwrap()["plugin.star"].0,
+            script.as_bytes()
+        );
+        assert_eq!(read(&back, &Limits::default()).unwrap().parts, src.parts);
+        // A module is not a script.
+        let module = cm(&[("m.wasm", b"\0asm".to_vec())], &[], &[]);
+        assert_eq!(
+            read(&module, &Limits::default()).unwrap().parts.language(),
+            None
+        );
+    }
+
+    #[test]
+    fn a_script_beside_a_module_is_one_too_many_with_no_patch_to_guess() {
+        let both = cm(
+            &[("m.wasm.gz", vec![0x1f, 0x8b])],
+            &[("plugin.star", "x = 1\n")],
+            &[],
+        );
+        let err = read_stored(&both, &Limits::default(), None).unwrap_err();
+        assert!(matches!(err, SourceError::ManyModules(_)), "{err}");
+        let message = err.in_configmap("ops", "memcached");
+        assert!(message.contains("m.wasm.gz, plugin.star"), "{message}");
+        assert!(!message.contains("kubectl"), "{message}");
+    }
+
     fn gzip(bytes: &[u8]) -> Vec<u8> {
         let mut enc = GzEncoder::new(Vec::new(), Compression::fast());
         enc.write_all(bytes).unwrap();
@@ -838,13 +907,13 @@ mod tests {
         let none = read(&cm(&[("notes.txt", vec![1])], &[], &[]), &Limits::default());
         assert_eq!(
             none.unwrap_err().to_string(),
-            "no binaryData key ending in .wasm or .wasm.gz (found: binaryData: notes.txt; data: none)"
+            "no binaryData key ending in .wasm or .wasm.gz, and no script key ending in .star (found: binaryData: notes.txt; data: none)"
         );
         // A module given as text lands in data: say so apart.
         let text = read(&cm(&[], &[("x.wasm", "garbled")], &[]), &Limits::default());
         assert_eq!(
             text.unwrap_err().to_string(),
-            "no binaryData key ending in .wasm or .wasm.gz (found: binaryData: none; data: x.wasm)"
+            "no binaryData key ending in .wasm or .wasm.gz, and no script key ending in .star (found: binaryData: none; data: x.wasm)"
         );
         let many = read(
             &cm(&[("a.wasm", vec![]), ("b.wasm.gz", vec![])], &[], &[]),

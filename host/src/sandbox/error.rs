@@ -17,6 +17,8 @@ pub enum Call {
     Related,
     /// `reconcile(request)`.
     Reconcile,
+    /// A script interpreter's `init(file, source)`, called once when a script plugin loads.
+    Init,
 }
 
 impl fmt::Display for Call {
@@ -25,6 +27,7 @@ impl fmt::Display for Call {
             Call::Manifest => "manifest",
             Call::Related => "related",
             Call::Reconcile => "reconcile",
+            Call::Init => "init",
         })
     }
 }

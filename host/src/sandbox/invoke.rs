@@ -14,7 +14,7 @@
 //! its stderr tail); a full pool → `Internal`; an instantiation error while probing →
 //! `WrongInterface` (a type mismatch between the world and the component shows only then).
 
-use wasmtime::component::ResourceTable;
+use wasmtime::component::{Instance, InstancePre, ResourceTable};
 use wasmtime::{Engine, Store, Trap};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
@@ -91,10 +91,31 @@ impl GuestLog {
     }
 }
 
+/// What a call instantiates: the `plugin` world's bindings, or a bare instance (a script
+/// interpreter's, whose `init` is not in that world).
+pub(crate) trait Instantiate {
+    type Instance;
+    fn instantiate(&self, store: &mut Store<CallState>) -> wasmtime::Result<Self::Instance>;
+}
+
+impl Instantiate for PluginPre<CallState> {
+    type Instance = Bindings;
+    fn instantiate(&self, store: &mut Store<CallState>) -> wasmtime::Result<Bindings> {
+        PluginPre::instantiate(self, store)
+    }
+}
+
+impl Instantiate for InstancePre<CallState> {
+    type Instance = Instance;
+    fn instantiate(&self, store: &mut Store<CallState>) -> wasmtime::Result<Instance> {
+        InstancePre::instantiate(self, store)
+    }
+}
+
 /// What a call needs besides its arguments.
-pub(crate) struct Invocation<'a> {
+pub(crate) struct Invocation<'a, P: Instantiate = PluginPre<CallState>> {
     pub engine: &'a Engine,
-    pub pre: &'a PluginPre<CallState>,
+    pub pre: &'a P,
     pub limits: &'a Limits,
     /// The host's memory budget, shared by every call.
     pub budget: &'a Arc<MemoryBudget>,
@@ -105,11 +126,11 @@ pub(crate) struct Invocation<'a> {
     pub probing: bool,
 }
 
-impl Invocation<'_> {
+impl<P: Instantiate> Invocation<'_, P> {
     /// Instantiates the component in a fresh store and runs `f` on it.
     pub(crate) fn run<R>(
         &self,
-        f: impl FnOnce(&Bindings, &mut Store<CallState>) -> wasmtime::Result<R>,
+        f: impl FnOnce(&P::Instance, &mut Store<CallState>) -> wasmtime::Result<R>,
     ) -> Result<R, PluginErrorKind> {
         let output = TailSink::new(OUTPUT_TAIL);
         let wasi = super::wasi::ctx_builder()

@@ -42,6 +42,7 @@ mod manifest;
 mod output;
 mod plugin;
 mod scan;
+mod script;
 mod shared;
 mod wasi;
 
@@ -59,6 +60,7 @@ pub use engine::KEEP_RESIDENT;
 pub use error::{Call, PluginError, PluginErrorKind, SandboxError, UNKNOWN_PLUGIN};
 pub use limits::{Limits, MEMORY_CEILING, MemoryBudget};
 pub use plugin::Plugin;
+pub use script::Language;
 pub use shared::{ArtifactName, ArtifactStore, SealKey, Sealed, ShortKey, Vouched};
 
 use crate::text::hex;
@@ -242,10 +244,82 @@ impl Sandbox {
     /// Loads a plugin without blocking the async runtime: compilation and the probe run on a
     /// blocking thread, in the caller's tracing span.
     pub async fn load(&self, wasm: Vec<u8>, limits: Limits) -> Result<Plugin, PluginError> {
+        let digest = digest_of(&wasm);
+        let digest_hex = digest["sha256:".len()..].to_owned();
+        let shared = self.shared_artifact(&digest_hex).await;
+        let loaded = self
+            .off_thread(&digest, move |this| {
+                this.load_from(&wasm, None, limits, shared)
+            })
+            .await?;
+        if let Some(bytes) = loaded.1 {
+            self.publish(&digest_hex, bytes);
+        }
+        Ok(loaded.0)
+    }
+
+    /// Loads a script plugin: `source`, in `language`, held under the key `file`. The
+    /// interpreter runs its top level under `limits` and is snapshotted (see `script.rs`);
+    /// the plugin carries the digest of the script.
+    pub async fn load_script(
+        &self,
+        language: Language,
+        file: String,
+        source: Vec<u8>,
+        limits: Limits,
+    ) -> Result<Plugin, PluginError> {
+        let digest = digest_of(&source);
+        self.off_thread(&digest, move |this| {
+            this.script_from(language, &file, &source, limits)
+        })
+        .await
+        .map(|(plugin, _)| plugin)
+    }
+
+    /// [`Sandbox::load_script`] on the calling thread.
+    pub fn load_script_blocking(
+        &self,
+        language: Language,
+        file: &str,
+        source: &[u8],
+        limits: Limits,
+    ) -> Result<Plugin, PluginError> {
+        self.script_from(language, file, source, limits)
+            .map(|(plugin, _, _)| plugin)
+    }
+
+    fn script_from(
+        &self,
+        language: Language,
+        file: &str,
+        source: &[u8],
+        limits: Limits,
+    ) -> Result<(Plugin, Origin, Option<Vec<u8>>), PluginError> {
+        let digest = digest_of(source);
+        let text = std::str::from_utf8(source).map_err(|e| {
+            PluginError::new(
+                UNKNOWN_PLUGIN,
+                &digest,
+                PluginErrorKind::NotAComponent(format!("{file} is not UTF-8 text: {e}")),
+            )
+        })?;
+        let limits = limits.clamped();
+        let snapshot = self.snapshot(language, file, text, &limits)?;
+        self.load_from(&snapshot, Some(&digest), limits, None)
+    }
+
+    /// Runs `job` (a compile and probe) on a blocking thread once a compile slot is free, in
+    /// the caller's tracing span, abandoning it past the compile timeout.
+    async fn off_thread(
+        &self,
+        digest: &str,
+        job: impl FnOnce(&Sandbox) -> Result<(Plugin, Origin, Option<Vec<u8>>), PluginError>
+        + Send
+        + 'static,
+    ) -> Result<(Plugin, Option<Vec<u8>>), PluginError> {
         let this = self.clone();
         let (dispatch, span) = plugin::current_tracing();
-        let digest = digest_of(&wasm);
-        let fail = |kind| PluginError::new(UNKNOWN_PLUGIN, &digest, kind);
+        let fail = |kind| PluginError::new(UNKNOWN_PLUGIN, digest, kind);
         // Waiting for a slot is not part of the deadline; the compile is.
         let permit = this
             .inner
@@ -256,13 +330,9 @@ impl Sandbox {
             .map_err(|e| fail(PluginErrorKind::Internal(format!("compile slots: {e}"))))?;
         let limit = self.inner.compile_timeout;
         let started = std::time::Instant::now();
-        let digest_hex = digest["sha256:".len()..].to_owned();
-        let shared = self.shared_artifact(&digest_hex).await;
         let load = tokio::task::spawn_blocking(move || {
             let _permit = permit;
-            tracing::dispatcher::with_default(&dispatch, || {
-                span.in_scope(|| this.load_from(&wasm, limits, shared))
-            })
+            tracing::dispatcher::with_default(&dispatch, || span.in_scope(|| job(&this)))
         });
         match tokio::time::timeout(limit, load).await {
             Ok(Ok(Ok((plugin, origin, serialized)))) => {
@@ -273,10 +343,7 @@ impl Sandbox {
                     elapsed_ms = started.elapsed().as_millis() as u64,
                     "plugin module ready"
                 );
-                if let Some(bytes) = serialized {
-                    self.publish(&digest_hex, bytes);
-                }
-                Ok(plugin)
+                Ok((plugin, serialized))
             }
             Ok(Ok(Err(e))) => Err(e),
             Ok(Err(e)) => Err(fail(PluginErrorKind::Internal(format!(
@@ -302,21 +369,24 @@ impl Sandbox {
     /// [`Sandbox::load`] on the calling thread (compiling may take 100 ms), without shared
     /// artifacts.
     pub fn load_blocking(&self, wasm: &[u8], limits: Limits) -> Result<Plugin, PluginError> {
-        self.load_from(wasm, limits, None)
+        self.load_from(wasm, None, limits, None)
             .map(|(plugin, _, _)| plugin)
     }
 
     /// Loads, taking the component from `shared` if the caches lack it; says where it came
-    /// from, and gives the serialised component when it was compiled here.
+    /// from, and gives the serialised component when it was compiled here. The plugin reports
+    /// `as_digest` if given (a script's), else the digest of `wasm`.
     fn load_from(
         &self,
         wasm: &[u8],
+        as_digest: Option<&str>,
         limits: Limits,
         shared: Option<Vouched>,
     ) -> Result<(Plugin, Origin, Option<Vec<u8>>), PluginError> {
         let limits = limits.clamped();
-        let digest = digest_of(wasm);
-        let digest_hex = &digest["sha256:".len()..];
+        let own = digest_of(wasm);
+        let digest_hex = &own["sha256:".len()..];
+        let digest = as_digest.map_or_else(|| own.clone(), str::to_owned);
         let fail = |kind| PluginError::new(UNKNOWN_PLUGIN, &digest, kind);
 
         let detail = match sniff(wasm) {

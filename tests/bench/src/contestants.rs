@@ -420,7 +420,7 @@ pub async fn wait_loaded(host: &mut Proc, names: &[String]) -> Result<()> {
 pub async fn grant_plugin(client: &Client, name: &str, wasm: &Path) -> Result<()> {
     let bytes = std::fs::read(wasm).with_context(|| format!("reading {}", wasm.display()))?;
     let plugin = tokio::task::spawn_blocking(move || {
-        wasmop::plugin::offline::load(&bytes, Default::default())
+        wasmop::plugin::offline::load("plugin.wasm", &bytes, Default::default())
     })
     .await??;
     let options = wasmop::plugin::rbac::Options {

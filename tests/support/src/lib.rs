@@ -208,7 +208,7 @@ pub async fn rbac(
 ) -> Vec<Value> {
     let wasm = wasm.to_vec();
     let Ok(Ok(plugin)) = tokio::task::spawn_blocking(move || {
-        wasmop::plugin::offline::load(&wasm, Default::default())
+        wasmop::plugin::offline::load("plugin.wasm", &wasm, Default::default())
     })
     .await
     else {

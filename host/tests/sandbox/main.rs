@@ -16,6 +16,8 @@ use wasmop::validate::{self, Target, ValidationError};
 use wasmop_contract::KindRef;
 use wasmop_contract::wire::WireRequest;
 
+mod scripts;
+
 /// Test limits: short enough to keep the suite fast.
 const LIMITS: Limits = Limits {
     deadline: Duration::from_millis(300),

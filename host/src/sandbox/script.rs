@@ -1,0 +1,219 @@
+//! Script plugins: a script becomes a component of the `plugin` world by running it once in
+//! the interpreter the host carries and snapshotting the instance.
+//!
+//! The interpreter (`interpreters/starlark`, built by `build.rs` and embedded here) implements
+//! the `script` world: the `plugin` world plus `init(file, source)`. A load instruments it
+//! (`wasmtime-wizer`), compiles that once for all scripts (the artifact cache keeps it), and
+//! calls `init` with the script under the plugin's own limits: a top level that loops runs
+//! into the deadline, one that allocates into the memory cap, and a syntax error comes back
+//! as the interpreter's message naming `file:line:column`. The instance is then snapshotted
+//! into a new component, with the script parsed and frozen in its memory; that component loads
+//! like any compiled plugin, under the script's digest.
+
+use std::fmt;
+
+use futures::executor::block_on;
+use wasmtime::Store;
+use wasmtime::component::{Instance, WasmList};
+use wasmtime_wizer::{ComponentInstanceState, Wizer};
+
+use super::error::{Call, PluginError, PluginErrorKind, UNKNOWN_PLUGIN};
+use super::invoke::{CallState, Invocation, error_chain};
+use super::limits::Limits;
+use super::{Sandbox, digest_of};
+
+/// The Starlark interpreter component.
+const STARLARK: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/wasmop_starlark.wasm"));
+
+/// The export that takes the script.
+const INIT: &str = "init";
+
+/// A language plugins may be written in besides WebAssembly, named by the extension of the
+/// ConfigMap key that holds the script.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Language {
+    /// Starlark, in a key ending `.star`.
+    Starlark,
+}
+
+impl Language {
+    /// The language of a script held under `key`, if it names one.
+    pub fn of_key(key: &str) -> Option<Self> {
+        key.ends_with(".star").then_some(Self::Starlark)
+    }
+
+    fn interpreter(self) -> &'static [u8] {
+        match self {
+            Self::Starlark => STARLARK,
+        }
+    }
+}
+
+impl fmt::Display for Language {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Starlark => "Starlark",
+        })
+    }
+}
+
+impl Sandbox {
+    /// The component that runs `source`, a script in `language` named `file`: the
+    /// interpreter after `init(file, source)`, snapshotted. Runs on the calling thread.
+    pub fn snapshot(
+        &self,
+        language: Language,
+        file: &str,
+        source: &str,
+        limits: &Limits,
+    ) -> Result<Vec<u8>, PluginError> {
+        let digest = digest_of(source.as_bytes());
+        let fail = |kind| PluginError::new(UNKNOWN_PLUGIN, &digest, kind);
+        let internal = |what: &str, e: &wasmtime::Error| {
+            fail(PluginErrorKind::Internal(format!(
+                "{what} the {language} interpreter: {}",
+                error_chain(e)
+            )))
+        };
+        let mut wizer = Wizer::new();
+        // Dropping `init` leaves the component lifting a core export that is gone (wizer
+        // 48.0.8 rewrites the core module's exports, not the component's aliases of them); kept,
+        // it answers a second call with an error, and the host never makes one.
+        wizer.init_func(INIT).keep_init_func(true);
+        let (cx, instrumented) = wizer
+            .instrument_component(language.interpreter())
+            .map_err(|e| internal("instrumenting", &e))?;
+        let own = digest_of(&instrumented);
+        let got = self
+            .inner
+            .cache
+            .get_or_compile(
+                &self.inner.engine,
+                &own["sha256:".len()..],
+                &instrumented,
+                None,
+            )
+            .map_err(|e| internal("compiling", &e))?;
+        let pre = self
+            .inner
+            .linker
+            .instantiate_pre(&got.component)
+            .map_err(|e| internal("linking", &e))?;
+        let _slot = block_on(self.inner.shared.slots.acquire())
+            .map_err(|e| fail(PluginErrorKind::Internal(e.to_string())))?;
+        let ran = Invocation {
+            engine: &self.inner.engine,
+            pre: &pre,
+            limits,
+            budget: &self.inner.shared.budget,
+            plugin: UNKNOWN_PLUGIN,
+            call: Call::Init,
+            probing: false,
+        }
+        .run(|instance, store| {
+            let init = instance
+                .get_typed_func::<(&str, &str), (Result<(), String>,)>(&mut *store, INIT)?;
+            if let (Err(message),) = init.call(&mut *store, (file, source))? {
+                return Ok(Err(message));
+            }
+            let mut state = Access {
+                store,
+                instance: *instance,
+                failed: None,
+            };
+            let snapshot = block_on(wizer.snapshot_component(&cx, &mut state))?;
+            match state.failed {
+                Some(e) => Err(e),
+                None => Ok(Ok(snapshot)),
+            }
+        })
+        .map_err(fail)?;
+        ran.map_err(|message| {
+            fail(PluginErrorKind::PluginFailed {
+                call: Call::Init,
+                message,
+            })
+        })
+    }
+}
+
+/// What the snapshot reads out of the instance `init` ran in, through the accessors the
+/// instrumentation exported. Every call is synchronous; the futures are ready at once.
+struct Access<'a> {
+    store: &'a mut Store<CallState>,
+    instance: Instance,
+    // The first accessor that failed (the trait cannot say so): the snapshot is then refused.
+    failed: Option<wasmtime::Error>,
+}
+
+impl Access<'_> {
+    fn call<R: wasmtime::component::Lift + 'static>(
+        &mut self,
+        instance: &str,
+        func: &str,
+    ) -> wasmtime::Result<R> {
+        let (_, outer) = self
+            .instance
+            .get_export(&mut *self.store, None, instance)
+            .ok_or_else(|| wasmtime::format_err!("no export {instance}"))?;
+        let (_, index) = self
+            .instance
+            .get_export(&mut *self.store, Some(&outer), func)
+            .ok_or_else(|| wasmtime::format_err!("no export {instance}#{func}"))?;
+        let typed = self
+            .instance
+            .get_typed_func::<(), (R,)>(&mut *self.store, index)?;
+        Ok(typed.call(&mut *self.store, ())?.0)
+    }
+
+    fn expect<R: wasmtime::component::Lift + Default + 'static>(
+        &mut self,
+        instance: &str,
+        func: &str,
+    ) -> R {
+        if self.failed.is_some() {
+            return R::default();
+        }
+        self.call(instance, func).unwrap_or_else(|e| {
+            self.failed = Some(e.context(format!("reading {instance}#{func} for the snapshot")));
+            R::default()
+        })
+    }
+}
+
+impl ComponentInstanceState for Access<'_> {
+    async fn call_func_ret_list_u8(
+        &mut self,
+        instance: &str,
+        func: &str,
+        contents: impl FnOnce(&[u8]) + Send,
+    ) {
+        if self.failed.is_some() {
+            return contents(&[]);
+        }
+        match self.call::<WasmList<u8>>(instance, func) {
+            Ok(list) => contents(list.as_le_slice(&*self.store)),
+            Err(e) => {
+                self.failed =
+                    Some(e.context(format!("reading {instance}#{func} for the snapshot")));
+                contents(&[]);
+            }
+        }
+    }
+
+    async fn call_func_ret_s32(&mut self, instance: &str, func: &str) -> i32 {
+        self.expect(instance, func)
+    }
+
+    async fn call_func_ret_s64(&mut self, instance: &str, func: &str) -> i64 {
+        self.expect(instance, func)
+    }
+
+    async fn call_func_ret_f32(&mut self, instance: &str, func: &str) -> u32 {
+        self.expect::<f32>(instance, func).to_bits()
+    }
+
+    async fn call_func_ret_f64(&mut self, instance: &str, func: &str) -> u64 {
+        self.expect::<f64>(instance, func).to_bits()
+    }
+}

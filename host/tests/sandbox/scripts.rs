@@ -1,0 +1,302 @@
+//! Script plugins in the sandbox: the Starlark Memcached against the Rust one on the same
+//! requests, and a hostile script's every way of failing at load and per call.
+
+use serde_json::{Value, json};
+use wasmop::sandbox::{Call, Language, Limits, Plugin, PluginError, PluginErrorKind};
+use wasmop_contract::wire::WireRequest;
+
+use super::{LIMITS, sandbox};
+
+/// `plugins/memcached-star/plugin.star`.
+const MEMCACHED_STAR: &str = include_str!("../../../plugins/memcached-star/plugin.star");
+
+fn script(source: &str) -> Result<Plugin, PluginError> {
+    script_with(source, LIMITS)
+}
+
+fn script_with(source: &str, limits: Limits) -> Result<Plugin, PluginError> {
+    sandbox().load_script_blocking(Language::Starlark, "plugin.star", source.as_bytes(), limits)
+}
+
+fn load_failure(source: &str) -> PluginErrorKind {
+    script(source).expect_err("the script should not load").kind
+}
+
+/// A script that loads, with its `reconcile` body `body` (indented by the caller).
+fn with_reconcile(body: &str) -> String {
+    format!(
+        "MANIFEST = {{\"name\": \"s\", \"version\": \"0.1.0\", \
+         \"parent\": {{\"apiVersion\": \"test.wasmop.io/v1\", \"kind\": \"Probe\"}}}}\n\
+         def reconcile(req):\n{body}\n"
+    )
+}
+
+fn probe_request() -> WireRequest {
+    WireRequest {
+        parent: json!({"apiVersion": "test.wasmop.io/v1", "kind": "Probe",
+            "metadata": {"name": "p", "namespace": "ns"}, "spec": {}}),
+        ..WireRequest::default()
+    }
+}
+
+/// Memcached requests that differ in everything the plugin reads: sizes 0–5, no Deployment
+/// or one at, above or below the size with some or all replicas available, pods none, some,
+/// all, more and terminating, with or without a generation and an image setting, and a parent
+/// being deleted.
+fn corpus() -> Vec<WireRequest> {
+    let mut out = Vec::new();
+    let mut n = 0u64;
+    for size in 0..=5i64 {
+        for deployment in 0..5 {
+            for pods in [0, size, size + 1, 0, size, size + 1] {
+                n += 1;
+                let name = format!("m{n}");
+                let mut parent = json!({
+                    "apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
+                    "metadata": {"name": name, "namespace": "ns", "uid": format!("u{n}")},
+                    "spec": {"size": size},
+                });
+                if n.is_multiple_of(2) {
+                    parent["metadata"]["generation"] = json!(n);
+                }
+                let finalizing = n.is_multiple_of(7);
+                if finalizing {
+                    parent["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+                }
+                let replicas = match deployment {
+                    1 | 2 => Some(size),
+                    3 => Some(size + 2),
+                    _ => None,
+                };
+                let available = match deployment {
+                    1 => size,
+                    2 => size / 2,
+                    _ => 0,
+                };
+                let mut children = serde_json::Map::new();
+                if deployment > 0 {
+                    let mut d = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                        "metadata": {"name": name, "namespace": "ns"},
+                        "spec": {}, "status": {"availableReplicas": available}});
+                    if let Some(r) = replicas {
+                        d["spec"]["replicas"] = json!(r);
+                    }
+                    if deployment == 4 {
+                        d["status"] = json!({});
+                    }
+                    children.insert(name.clone(), d);
+                }
+                let mut related = serde_json::Map::new();
+                for i in 0..pods {
+                    let pod = format!("{name}-{i:02}");
+                    let mut meta = json!({"name": pod, "namespace": "ns",
+                        "labels": {"app": "memcached", "memcached_cr": name}});
+                    if i == 0 && n.is_multiple_of(3) {
+                        meta["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+                    }
+                    related.insert(
+                        pod,
+                        json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta}),
+                    );
+                }
+                let settings = if n % 4 == 1 {
+                    json!({"image": "memcached:1.6.38"})
+                } else {
+                    Value::Null
+                };
+                out.push(WireRequest {
+                    parent,
+                    children: [(
+                        "Deployment.apps/v1".to_owned(),
+                        children.into_iter().collect(),
+                    )]
+                    .into(),
+                    related: [("Pod.v1".to_owned(), related.into_iter().collect())].into(),
+                    finalizing,
+                    settings,
+                    now: None,
+                });
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_starlark_memcached_answers_as_the_rust_one_does() {
+    let rust = sandbox()
+        .load_blocking(&test_artifacts::read(test_artifacts::MEMCACHED), LIMITS)
+        .expect("the Rust plugin loads");
+    let star = script(MEMCACHED_STAR).expect("the Starlark plugin loads");
+    assert_eq!(star.manifest().name, rust.manifest().name);
+    assert_eq!(star.manifest().parent, rust.manifest().parent);
+    assert_eq!(star.manifest().children, rust.manifest().children);
+    assert_eq!(star.manifest().related, rust.manifest().related);
+    assert!(star.digest().starts_with("sha256:"));
+    assert_eq!(
+        star.digest(),
+        wasmop::sandbox::digest_of(MEMCACHED_STAR.as_bytes()),
+        "a script plugin is known by its script's digest"
+    );
+
+    let requests = corpus();
+    assert!(requests.len() >= 100, "{} requests", requests.len());
+    for req in &requests {
+        let name = req.parent["metadata"]["name"].as_str().unwrap();
+        assert_eq!(
+            star.related_blocking(&req.parent)
+                .expect("Starlark related"),
+            rust.related_blocking(&req.parent).expect("Rust related"),
+            "related for {name}"
+        );
+        let canonical = |p: &Plugin| {
+            let response = p
+                .reconcile_blocking(req)
+                .unwrap_or_else(|e| panic!("reconcile of {name}: {e}"));
+            serde_json::to_string(&response).unwrap()
+        };
+        assert_eq!(canonical(&star), canonical(&rust), "response for {name}");
+    }
+
+    // Both refuse a negative size, the script naming its line.
+    let mut bad = requests[0].clone();
+    bad.parent["spec"]["size"] = json!(-1);
+    let rust_err = rust.reconcile_blocking(&bad).expect_err("Rust refuses");
+    let star_err = star.reconcile_blocking(&bad).expect_err("Starlark refuses");
+    assert_eq!(rust_err.reason(), "PluginFailed");
+    match star_err.kind {
+        PluginErrorKind::PluginFailed { call, message } => {
+            assert_eq!(call, Call::Reconcile);
+            assert!(message.starts_with("plugin.star:"), "{message}");
+            assert!(
+                message.contains("spec.size must be ≥ 0, got -1"),
+                "{message}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_syntax_error_names_the_file_line_and_column() {
+    let kind = load_failure("MANIFEST = {\n\"name\": \"x\",\n  def\n}\n");
+    match kind {
+        PluginErrorKind::PluginFailed { call, message } => {
+            assert_eq!(call, Call::Init);
+            assert!(message.starts_with("plugin.star:3:"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_script_without_what_a_plugin_defines_is_refused_with_what_is_missing() {
+    let message = |kind: PluginErrorKind| match kind {
+        PluginErrorKind::PluginFailed { message, .. } => message,
+        other => panic!("{other:?}"),
+    };
+    assert!(message(load_failure("x = 1\n")).contains("must define MANIFEST"));
+    let no_reconcile = "MANIFEST = {\"name\": \"s\", \"version\": \"1\", \
+        \"parent\": {\"apiVersion\": \"v1\", \"kind\": \"Probe\"}}\n";
+    assert!(message(load_failure(no_reconcile)).contains("must define reconcile(request)"));
+    let typo = "MANIFEST = {\"nam\": \"s\"}\ndef reconcile(req):\n    return {}\n";
+    assert!(message(load_failure(typo)).contains("MANIFEST: unknown field `nam`"));
+    // A manifest the contract refuses is refused as a compiled plugin's would be.
+    let bad_name = with_reconcile("    return {}").replace("\"s\"", "\"Not A Name\"");
+    assert!(matches!(
+        load_failure(&bad_name),
+        PluginErrorKind::InvalidManifest(_)
+    ));
+}
+
+#[test]
+fn a_top_level_that_never_ends_runs_into_the_deadline() {
+    // Starlark's range takes 32-bit bounds: two of them nested never end in time.
+    let source = "for i in range(1 << 30):\n    for j in range(1 << 30):\n        pass\n";
+    let kind = load_failure(source);
+    assert!(
+        matches!(
+            kind,
+            PluginErrorKind::DeadlineExceeded {
+                call: Call::Init,
+                ..
+            }
+        ),
+        "{kind:?}"
+    );
+}
+
+#[test]
+fn a_top_level_that_allocates_without_bound_hits_the_memory_cap() {
+    let source = "chunk = \"x\" * (1 << 20)\nkept = []\nfor i in range(1 << 20):\n    kept.append(chunk + str(i))\n";
+    assert!(matches!(
+        load_failure(source),
+        PluginErrorKind::MemoryCap {
+            call: Call::Init,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn a_failing_or_endless_reconcile_fails_that_call_only() {
+    let plugin = script(&with_reconcile(
+        "    mode = req[\"settings\"]\n\
+         \x20   if mode == \"fail\":\n\
+         \x20       fail(\"asked to\")\n\
+         \x20   if mode == \"loop\":\n\
+         \x20       for i in range(1 << 30):\n\
+         \x20           for j in range(1 << 30):\n\
+         \x20               pass\n\
+         \x20   if mode == \"recurse\":\n\
+         \x20       return reconcile(req)\n\
+         \x20   if mode == \"list\":\n\
+         \x20       return []\n\
+         \x20   return {\"status\": {\"ok\": True}}",
+    ))
+    .expect("loads");
+    let call = |mode: &str| {
+        let mut req = probe_request();
+        req.settings = json!(mode);
+        plugin.reconcile_blocking(&req)
+    };
+    match call("fail").expect_err("fails").kind {
+        PluginErrorKind::PluginFailed { call, message } => {
+            assert_eq!(call, Call::Reconcile);
+            assert!(message.starts_with("plugin.star:5:"), "{message}");
+            assert!(message.contains("asked to"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let kind = call("loop").expect_err("times out").kind;
+    assert!(
+        matches!(kind, PluginErrorKind::DeadlineExceeded { .. }),
+        "{kind:?}"
+    );
+    match call("recurse").expect_err("too deep").kind {
+        PluginErrorKind::PluginFailed { message, .. } => {
+            assert!(message.contains("plugin.star:"), "{message}")
+        }
+        other => panic!("{other:?}"),
+    }
+    match call("list").expect_err("not a dict").kind {
+        PluginErrorKind::PluginFailed { message, .. } => {
+            assert!(message.contains("returned a list"), "{message}")
+        }
+        other => panic!("{other:?}"),
+    }
+    let ok = call("anything").expect("a normal call after the failures");
+    assert_eq!(ok.status, Some(json!({"ok": true})));
+}
+
+#[test]
+fn a_snapshot_is_the_same_for_the_same_script() {
+    // Replicas that snapshot one script must agree on what runs.
+    let a = sandbox()
+        .snapshot(Language::Starlark, "plugin.star", MEMCACHED_STAR, &LIMITS)
+        .expect("snapshot");
+    let b = sandbox()
+        .snapshot(Language::Starlark, "plugin.star", MEMCACHED_STAR, &LIMITS)
+        .expect("snapshot");
+    assert!(a == b, "two snapshots of one script differ");
+}

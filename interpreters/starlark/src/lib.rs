@@ -1,0 +1,311 @@
+//! A plugin written in Starlark: this component implements the `script` world of
+//! `guest-sdk/wit/plugin.wit` for any script.
+//!
+//! `init(file, source)` parses the script, runs its top level and freezes what it defined.
+//! The host calls it once per script version and snapshots the instance, so every later call
+//! starts with the script parsed and frozen; a call then evaluates one function on a fresh
+//! heap that the call's instance takes with it.
+//!
+//! A script defines what a compiled plugin exports, with the same shapes
+//! (`docs/plugin-contract.md`):
+//! - `MANIFEST`, a dict: `name`, `version`, `parent` and `children` (`{"apiVersion", "kind"}`),
+//!   and optionally `related` (each also `metadataOnly`), `finalizer`, `clockSeconds`;
+//! - `related(parent)`, returning a list of `{"apiVersion", "kind", "labelSelector"}`; needed
+//!   only when the manifest names related kinds;
+//! - `reconcile(request)`, returning a dict such as `{"children": [...], "status": {...}}`.
+//!
+//! Starlark has no clock, randomness or I/O, and this build adds none: `print` goes to the
+//! host's log. A call stack deeper than [`MAX_CALL_STACK`] is an error, so recursion ends
+//! there (the host's deadline and memory cap bound the rest).
+
+use std::sync::OnceLock;
+
+use serde::Deserialize;
+use starlark::environment::{FrozenModule, Globals, GlobalsBuilder, LibraryExtension, Module};
+use starlark::eval::Evaluator;
+use starlark::syntax::{AstModule, Dialect};
+use starlark::values::{OwnedFrozenValue, Value};
+
+wit_bindgen::generate!({
+    path: "../../guest-sdk/wit",
+    world: "script",
+});
+
+use exports::wasmop::plugin::reconciler::{
+    Guest as Reconciler, KindRef, PluginManifest, RelatedKind, RelatedSelector,
+};
+use wasmop::plugin::host::{Level, log};
+
+/// Frames a call may nest: deep enough for any reconcile, shallow enough that a runaway
+/// recursion stops with a message instead of the stack.
+const MAX_CALL_STACK: usize = 100;
+
+/// The script, once `init` ran.
+struct Script {
+    file: String,
+    module: FrozenModule,
+    manifest: PluginManifest,
+}
+
+static SCRIPT: OnceLock<Script> = OnceLock::new();
+
+struct Interpreter;
+
+impl Guest for Interpreter {
+    fn init(file: String, source: String) -> Result<(), String> {
+        if SCRIPT.get().is_some() {
+            return Err("init was called twice".into());
+        }
+        let module = evaluate(&file, source)?;
+        let manifest = manifest(&file, &module)?;
+        if !manifest.related.is_empty() && module.get_option("related").ok().flatten().is_none() {
+            return Err(format!(
+                "{file}: MANIFEST names related kinds, so the script must define related(parent)"
+            ));
+        }
+        for required in ["reconcile"] {
+            if module.get_option(required).ok().flatten().is_none() {
+                return Err(format!(
+                    "{file}: the script must define {required}(request)"
+                ));
+            }
+        }
+        let _ = SCRIPT.set(Script {
+            file,
+            module,
+            manifest,
+        });
+        Ok(())
+    }
+}
+
+impl Reconciler for Interpreter {
+    fn manifest() -> PluginManifest {
+        script().manifest.clone()
+    }
+
+    fn related(parent: String) -> Result<Vec<RelatedSelector>, String> {
+        let s = script();
+        if s.manifest.related.is_empty() {
+            return Ok(Vec::new());
+        }
+        let out = s.call("related", &parent)?;
+        let selectors: Vec<Selector> =
+            serde_json::from_value(out).map_err(|e| format!("{}: related returned {e}", s.file))?;
+        Ok(selectors
+            .into_iter()
+            .map(|s| RelatedSelector {
+                api_version: s.api_version,
+                kind: s.kind,
+                label_selector: s.label_selector.to_string(),
+            })
+            .collect())
+    }
+
+    fn reconcile(request: String) -> Result<String, String> {
+        let s = script();
+        let out = s.call("reconcile", &request)?;
+        if !out.is_object() {
+            return Err(format!(
+                "{}: reconcile returned {}, not a dict such as {{\"children\": [], \"status\": {{}}}}",
+                s.file,
+                kind_of(&out)
+            ));
+        }
+        Ok(out.to_string())
+    }
+}
+
+export!(Interpreter);
+
+fn script() -> &'static Script {
+    // The host snapshots only after a successful init, so a snapshot always has a script.
+    SCRIPT
+        .get()
+        .expect("the host calls init before anything else")
+}
+
+fn globals() -> Globals {
+    GlobalsBuilder::extended_by(&[
+        LibraryExtension::StructType,
+        LibraryExtension::Map,
+        LibraryExtension::Filter,
+        LibraryExtension::Partial,
+        LibraryExtension::Json,
+        LibraryExtension::Print,
+    ])
+    .build()
+}
+
+fn dialect() -> Dialect {
+    Dialect {
+        enable_f_strings: true,
+        enable_load: false,
+        ..Dialect::Extended
+    }
+}
+
+/// `print` lines go to the host's log, inside the reconcile's span.
+struct ToHostLog;
+
+impl starlark::PrintHandler for ToHostLog {
+    fn println(&self, text: &str) -> starlark::Result<()> {
+        log(Level::Info, text);
+        Ok(())
+    }
+}
+
+fn evaluate(file: &str, source: String) -> Result<FrozenModule, String> {
+    let ast = AstModule::parse(file, source, &dialect()).map_err(|e| located(file, &e))?;
+    let globals = globals();
+    Module::with_temp_heap(|module| {
+        {
+            let mut eval = Evaluator::new(&module);
+            eval.set_print_handler(&ToHostLog);
+            eval.set_max_callstack_size(MAX_CALL_STACK)
+                .map_err(|e| e.to_string())?;
+            eval.eval_module(ast, &globals)
+                .map_err(|e| located(file, &e))?;
+        }
+        module
+            .freeze()
+            .map_err(|e| format!("{file}: freezing the module: {e:?}"))
+    })
+}
+
+impl Script {
+    /// Calls the script's function `name` with one argument, `json` decoded; its result as
+    /// JSON.
+    fn call(&self, name: &str, json: &str) -> Result<serde_json::Value, String> {
+        let file = &self.file;
+        let arg: serde_json::Value =
+            serde_json::from_str(json).map_err(|e| format!("the host sent bad JSON: {e}"))?;
+        let function: OwnedFrozenValue = self
+            .module
+            .get(name)
+            .map_err(|_| format!("{file}: {name} is not defined"))?;
+        Module::with_temp_heap(|module| {
+            let mut eval = Evaluator::new(&module);
+            eval.set_print_handler(&ToHostLog);
+            eval.set_max_callstack_size(MAX_CALL_STACK)
+                .map_err(|e| e.to_string())?;
+            let arg = module.heap().alloc(arg);
+            // SAFETY: `owned_frozen_value` makes this call's frozen heap hold the script's, so
+            // the value lives as long as the call (and the script, in a static, forever).
+            let function = unsafe { function.owned_frozen_value(module.frozen_heap()) }.to_value();
+            let out: Value = eval
+                .eval_function(function, &[arg], &[])
+                .map_err(|e| located(file, &e))?;
+            out.to_json_value()
+                .map_err(|e| format!("{file}: {name} returned a value JSON cannot hold: {e}"))
+        })
+    }
+}
+
+/// `file:line:column: message`, from where the error was raised (or the innermost frame of
+/// the script that was running).
+fn located(file: &str, e: &starlark::Error) -> String {
+    let place = e
+        .span()
+        .cloned()
+        .or_else(|| {
+            e.call_stack()
+                .frames
+                .iter()
+                .rev()
+                .find_map(|f| f.location.clone())
+        })
+        .map(|span| {
+            let pos = span.resolve_span().begin;
+            format!("{}:{}:{}", span.filename(), pos.line + 1, pos.column + 1)
+        })
+        .unwrap_or_else(|| file.to_owned());
+    format!("{place}: {}", e.without_diagnostic())
+}
+
+fn kind_of(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "None",
+        serde_json::Value::Bool(_) => "a bool",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "a list",
+        serde_json::Value::Object(_) => "a dict",
+    }
+}
+
+/// `MANIFEST` as the script wrote it: the manifest's JSON shape, nothing more.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Manifest {
+    name: String,
+    version: String,
+    parent: Kind,
+    #[serde(default)]
+    children: Vec<Kind>,
+    #[serde(default)]
+    related: Vec<Related>,
+    #[serde(default)]
+    finalizer: bool,
+    #[serde(default)]
+    clock_seconds: Option<u32>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Kind {
+    api_version: String,
+    kind: String,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Related {
+    api_version: String,
+    kind: String,
+    #[serde(default)]
+    metadata_only: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Selector {
+    api_version: String,
+    kind: String,
+    #[serde(default)]
+    label_selector: serde_json::Value,
+}
+
+fn manifest(file: &str, module: &FrozenModule) -> Result<PluginManifest, String> {
+    let value = module
+        .get_option("MANIFEST")
+        .ok()
+        .flatten()
+        .ok_or_else(|| format!("{file}: the script must define MANIFEST, a dict"))?;
+    let json = value
+        .value()
+        .to_json_value()
+        .map_err(|e| format!("{file}: MANIFEST: {e}"))?;
+    let m: Manifest = serde_json::from_value(json).map_err(|e| format!("{file}: MANIFEST: {e}"))?;
+    let kind = |k: Kind| KindRef {
+        api_version: k.api_version,
+        kind: k.kind,
+    };
+    Ok(PluginManifest {
+        name: m.name,
+        version: m.version,
+        parent: kind(m.parent),
+        children: m.children.into_iter().map(kind).collect(),
+        related: m
+            .related
+            .into_iter()
+            .map(|r| RelatedKind {
+                api_version: r.api_version,
+                kind: r.kind,
+                metadata_only: r.metadata_only,
+            })
+            .collect(),
+        finalizer: m.finalizer,
+        clock_seconds: m.clock_seconds,
+    })
+}
