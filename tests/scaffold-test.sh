@@ -4,7 +4,9 @@
 # build, the CRD from the Rust types, `wasmop render` of the sample, `wasmop package`, then on
 # `make demo`'s plane, beside its host: the CRD, `wasmop rbac`, the ConfigMap, the sample CR,
 # until it is Ready with its pods; its fields and `kubectl scale`; `kubectl get wasmopplugins`;
-# an upgrade and the plugin's removal as the README says. Each step's time is printed.
+# an upgrade and the plugin's removal as the README says; then the Starlark path on the same
+# plane (`wasmop new --lang starlark`, `wasmop test`, install, a new version) with no build.
+# Each step's time is printed.
 #
 # The scaffold's builds go to target/scaffold (kept between runs, so a second run is warm).
 set -euo pipefail
@@ -144,6 +146,34 @@ k get deploy webapp-sample >/dev/null || fail "removing the plugin took its pare
 [ "$(k -n wasmop-system get wasmopplugin memcached -o jsonpath='{.status.state}')" = Running ] ||
   fail "the demo's plugin is not running"
 took "removal"
+
+step "the Starlark path: wasmop new --lang starlark, wasmop test, install, a new version"
+# Only wasmop and kubectl: no build.
+star=$(mktemp -d)/web-star
+"$wasmop" new web-star --lang starlark --dir "$star"
+cd "$star"
+"$wasmop" test || fail "wasmop test in the Starlark scaffold"
+"$wasmop" render --plugin plugin.star --parent sample.yaml >"$work/render-star.yaml"
+grep -q '^kind: Deployment' "$work/render-star.yaml" || fail "render of the script printed no Deployment"
+k apply -f crd.yaml
+"$wasmop" rbac plugin.star | k apply -f -
+"$wasmop" package plugin.star | k apply --server-side -f -
+k wait --for condition=Established crd/webstars.example.com --timeout=60s
+k apply -f sample.yaml
+star_ready() {
+  [ "$(k get webstar webstar-sample -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = True ] &&
+    [ "$(k get webstar webstar-sample -o jsonpath='{.status.readyReplicas}')" = 2 ]
+}
+wait_for "WebStar webstar-sample to be Ready with 2 ready pods" star_ready
+sed -i 's/"version": "0.1.0"/"version": "0.2.0"/' plugin.star
+"$wasmop" test >/dev/null || fail "wasmop test after the edit"
+"$wasmop" package plugin.star | k apply --server-side -f -
+star_shows() {
+  [ "$(k -n wasmop-system get wasmopplugin web-star -o jsonpath='{.status.state} {.status.version}')" = "Running web-star 0.2.0" ]
+}
+wait_for "kubectl get wasmopplugins to show web-star 0.2.0 running" star_shows
+k -n wasmop-system get wasmopplugins
+took "the Starlark path"
 
 step "stop the demo"
 kill -INT "$demo"

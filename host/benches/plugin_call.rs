@@ -1,9 +1,11 @@
 //! Per-call cost of the Memcached plugin: through the sandbox (a fresh instance per call,
-//! request JSON in, response JSON out and parsed) and natively (the same reconcile code, through
-//! the SDK's JSON → typed → JSON path), with 3 and with 100 observed pods.
+//! request JSON in, response JSON out and parsed), natively (the same reconcile code, through
+//! the SDK's JSON → typed → JSON path), and as the Starlark script
+//! (`plugins/memcached-star/plugin.star`, its snapshot, in the same sandbox), with 3 and with
+//! 100 observed pods.
 //!
-//! Run with `cargo bench -p wasmop --bench plugin_call`; the wasm/native ratios are printed at
-//! the end.
+//! Run with `cargo bench -p wasmop --bench plugin_call`; the wasm/native and Starlark/wasm
+//! ratios are printed at the end.
 
 #[path = "common/memcached_request.rs"]
 mod memcached_request;
@@ -11,9 +13,10 @@ mod memcached_request;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion};
-use wasmop::sandbox::{Limits, Sandbox, SandboxConfig};
+use wasmop::sandbox::{Language, Limits, Sandbox, SandboxConfig};
 
 const POD_COUNTS: [usize; 2] = [3, 100];
+const SCRIPT: &str = "plugins/memcached-star/plugin.star";
 
 fn main() {
     let wasm = test_artifacts::read(test_artifacts::MEMCACHED);
@@ -26,6 +29,15 @@ fn main() {
     let plugin = sandbox
         .load_blocking(&wasm, Limits::default())
         .expect("memcached loads");
+    let script = std::fs::read(test_artifacts::workspace_root().join(SCRIPT)).expect("the script");
+    let star = sandbox
+        .load_script_blocking(
+            Language::Starlark,
+            "plugin.star",
+            &script,
+            Limits::default(),
+        )
+        .expect("memcached-star loads");
 
     let mut criterion = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
@@ -38,6 +50,9 @@ fn main() {
         group.bench_with_input(BenchmarkId::new("wasm", pods), &req, |b, req| {
             b.iter(|| plugin.reconcile_blocking(req).expect("reconcile"));
         });
+        group.bench_with_input(BenchmarkId::new("starlark", pods), &req, |b, req| {
+            b.iter(|| star.reconcile_blocking(req).expect("reconcile"));
+        });
         group.bench_with_input(BenchmarkId::new("native", pods), &req, |b, req| {
             b.iter(|| {
                 wasmop_guest::testing::reconcile::<memcached::MemcachedPlugin>(req)
@@ -49,7 +64,7 @@ fn main() {
     criterion.final_summary();
 
     // Criterion reports each side alone; the ratio is the number that matters here.
-    println!("\nwasm / native, mean of {RATIO_CALLS} calls after warm-up:");
+    println!("\nmean of {RATIO_CALLS} calls after warm-up:");
     for pods in POD_COUNTS {
         let req = memcached_request::request(&plugin, pods).expect("related");
         let wasm = mean(|| {
@@ -59,11 +74,17 @@ fn main() {
             wasmop_guest::testing::reconcile::<memcached::MemcachedPlugin>(&req)
                 .expect("reconcile");
         });
+        let starlark = mean(|| {
+            star.reconcile_blocking(&req).expect("reconcile");
+        });
         println!(
-            "  {pods:>3} pods: wasm {:>8.1} µs, native {:>8.1} µs, ratio {:.1}×",
+            "  {pods:>3} pods: wasm {:>8.1} µs, native {:>8.1} µs, wasm/native {:.1}×; \
+             starlark {:>8.1} µs, starlark/wasm {:.1}×",
             micros(wasm),
             micros(native),
-            wasm.as_secs_f64() / native.as_secs_f64()
+            wasm.as_secs_f64() / native.as_secs_f64(),
+            micros(starlark),
+            starlark.as_secs_f64() / wasm.as_secs_f64()
         );
     }
 }

@@ -47,6 +47,10 @@ pub enum Command {
     /// Create a standalone plugin crate: a parent kind, reconcile logic with tests, the CRD
     /// written from the Rust types, a sample, and the commands to build and install it.
     New(NewArgs),
+    /// Run a script plugin's tests: the `test_*` functions of the `*_test.star` files beside
+    /// it, each in the sandbox under the plugin's limits; non-zero exit when any fails.
+    #[command(after_help = crate::cmd::test::AFTER_HELP)]
+    Test(TestArgs),
     /// What `wasmop run` starts to compile a plugin in a process of its own: a module on
     /// stdin, the compiled artifact on stdout.
     #[command(name = "compile-plugin", hide = true)]
@@ -59,6 +63,17 @@ pub struct CompilePluginArgs {
     /// The pool size of the host's engine, which this one must match.
     #[arg(long)]
     pub max_instances: u32,
+}
+
+/// `wasmop test`.
+#[derive(Debug, Args)]
+pub struct TestArgs {
+    /// A directory holding one script (`*.star`) and its tests, or the script itself.
+    #[arg(default_value = ".")]
+    pub path: PathBuf,
+    /// Sandbox limits, for each test function (its file's top level included).
+    #[command(flatten)]
+    pub limits: LimitArgs,
 }
 
 /// `wasmop new`.

@@ -1,4 +1,4 @@
-//! `wasmop render` and `wasmop inspect`, run as the built binary on the Memcached plugin and
+//! `wasmop render`, `inspect` and `test`, run as the built binary on the Memcached plugin and
 //! the sample in `deploy/samples/`.
 
 use std::path::{Path, PathBuf};
@@ -336,4 +336,34 @@ fn render_takes_an_unowned_child_and_says_what_it_leaves_out() {
             .any(|d| d["kind"] == "Event" && d["reason"] == "Created"),
         "{text}"
     );
+}
+
+#[test]
+fn test_runs_a_scripts_tests_and_fails_on_a_failure() {
+    let memcached = test_artifacts::workspace_root().join("plugins/memcached-star");
+    let text = stdout(&wasmop(&["test", path_str(&memcached)]));
+    assert!(text.starts_with("plugin_test.star\n"), "{text}");
+    assert!(text.ends_with("5 passed, 0 failed\n"), "{text}");
+
+    let dir = scratch("failing-tests");
+    std::fs::copy(memcached.join("plugin.star"), dir.join("plugin.star")).unwrap();
+    std::fs::write(
+        dir.join("plugin_test.star"),
+        "def test_ok():\n    pass\n\ndef test_wrong():\n    assert_eq(MANIFEST[\"name\"], \"redis\")\n",
+    )
+    .unwrap();
+    let out = wasmop(&["test", path_str(&dir)]);
+    assert!(!out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("  FAIL test_wrong")
+            && text.contains("plugin_test.star:5:5: assert_eq: got \"memcached\", want \"redis\"")
+            && text.ends_with("1 passed, 1 failed\n"),
+        "{text}"
+    );
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(stderr, "error: 1 of 2 failed\n");
+
+    std::fs::remove_file(dir.join("plugin_test.star")).unwrap();
+    assert_one_line_error(&wasmop(&["test", path_str(&dir)]), &["no test files"]);
 }

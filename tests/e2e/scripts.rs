@@ -1,6 +1,7 @@
 //! A Starlark plugin installed as the README says (`wasmop rbac plugin.star` and `wasmop
 //! package plugin.star`, applied), serving Memcached; the same ConfigMap swapped to the Rust
-//! build and back; a syntax error that keeps the last good version.
+//! build and back; a syntax error that keeps the last good version; canaries, a preview, undo
+//! and a script that fails one parent at a time.
 
 use kube::api::{Patch, PatchParams};
 use serde_json::Value;
@@ -211,4 +212,204 @@ fn tempfile_dir(what: &str) -> std::path::PathBuf {
         .unwrap()
         .as_nanos();
     std::env::temp_dir().join(format!("wasmop-{what}-{}-{nanos}", std::process::id()))
+}
+
+/// The plugin ConfigMap `memcached` for a module or, when `file` is given, a script, with
+/// `annotations`; applied by one manager, so a key the last one had and this lacks goes.
+async fn put(env: &Env, file: Option<&str>, bytes: &[u8], annotations: &[(&str, &str)]) {
+    let packaged = match file {
+        Some(file) => wasmop::plugin::package::package_script(
+            file,
+            std::str::from_utf8(bytes).unwrap(),
+            "memcached",
+            env.name(),
+            None,
+        ),
+        None => wasmop::plugin::package::package(bytes, "memcached", env.name(), None),
+    };
+    let mut cm = packaged.expect("a plugin ConfigMap").configmap;
+    let ann = cm.metadata.annotations.get_or_insert_with(Default::default);
+    for (k, v) in annotations {
+        ann.insert(k.to_string(), v.to_string());
+    }
+    let api: kube::Api<ConfigMap> = env.ns.api();
+    api.patch(
+        "memcached",
+        &PatchParams::apply("e2e").force(),
+        &Patch::Apply(&cm),
+    )
+    .await
+    .expect("apply the plugin ConfigMap");
+}
+
+/// Waits until every parent in `names` was last reconciled by the digest `digest` as revision
+/// `number`, and is Ready.
+async fn all_on(env: &Env, host: &Host, names: &[&str], digest: &str, number: i64) {
+    let (short, suffix) = (&digest[..19], format!(", revision {number}"));
+    let api = env.memcacheds();
+    for name in names {
+        testenv::wait_until(
+            &format!("Memcached {name} Ready on {short} as revision {number}"),
+            TIMEOUT,
+            || async { api.get(name).await.map(|o| ready_condition(&o.data)) },
+            |(status, message)| {
+                status == "True" && message.contains(short) && message.ends_with(&suffix)
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}\nhost log:\n{}", host.logs()));
+    }
+}
+
+/// Waits until revision `number` of `memcached` is live: a canary that served every parent
+/// is promoted only after its last step.
+async fn live(env: &Env, host: &Host, number: i64) {
+    use wasmop::plugin::revision::{Phase, Revisions};
+    let revisions = Revisions::new(env.client.clone(), env.name());
+    testenv::wait_until(
+        &format!("revision {number} to be live"),
+        TIMEOUT,
+        || async { revisions.list("memcached").await },
+        |list| {
+            list.iter()
+                .any(|r| r.number == number && r.phase == Phase::Live)
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nhost log:\n{}", host.logs()));
+}
+
+/// A parent's `Ready` condition: (status, message).
+fn ready_condition(data: &Value) -> (String, String) {
+    let c = data["status"]["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "Ready").cloned())
+        .unwrap_or_default();
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+    (text(&c["status"]), text(&c["message"]))
+}
+
+/// The Memcached script, changed: Rust → Starlark → Rust through canaries, a script change
+/// previewed with its diff and discarded, `wasmop rollout undo` back to the script, and a
+/// script whose reconcile loops, allocates or fails for one parent each: only those parents
+/// fail, each saying why, the others are served.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_script_rolls_out_by_canary_is_previewed_undone_and_fails_one_parent_at_a_time() {
+    use wasmop::plugin::rollout::{STEP_SECONDS_ANNOTATION, STEPS_ANNOTATION, STRATEGY_ANNOTATION};
+    let env = Env::new("e2e-star-rollout").await;
+    let rust = test_artifacts::read(test_artifacts::MEMCACHED);
+    let rust_digest = wasmop::sandbox::digest_of(&rust);
+    let script = std::fs::read(test_artifacts::workspace_root().join(SCRIPT)).unwrap();
+    let script_digest = wasmop::sandbox::digest_of(&script);
+    let canary = [
+        (STRATEGY_ANNOTATION, "canary"),
+        (STEPS_ANNOTATION, "25,100"),
+        (STEP_SECONDS_ANNOTATION, "2"),
+    ];
+    env.grant("memcached", &rust, &[]).await;
+    put(&env, None, &rust, &[]).await;
+    let mut host = env.start_host();
+    let parents = ["mc-0", "mc-1", "mc-2", "mc-3"];
+    for name in parents {
+        env.put_memcached(name, 1).await;
+    }
+    all_on(&env, &host, &parents, &rust_digest, 1).await;
+
+    // Rust → Starlark, by canary.
+    put(&env, Some("plugin.star"), &script, &canary).await;
+    all_on(&env, &host, &parents, &script_digest, 2).await;
+    live(&env, &host, 2).await;
+
+    // A script change, previewed: nothing written, the diff shows the new image.
+    let text = String::from_utf8(script.clone()).unwrap();
+    let changed = text.replace("memcached:1.4.36-alpine", "memcached:1.6.38-alpine");
+    assert_ne!(changed, text);
+    put(
+        &env,
+        Some("plugin.star"),
+        changed.as_bytes(),
+        &[(STRATEGY_ANNOTATION, "preview")],
+    )
+    .await;
+    support::wait_event(&env, "ConfigMap", "memcached", "Previewed").await;
+    let (ok, diff) = env.wasmop(&["rollout", "diff", "memcached"]);
+    assert!(ok, "{diff}");
+    assert!(
+        diff.contains("memcached:1.4.36-alpine") && diff.contains("memcached:1.6.38-alpine"),
+        "{diff}"
+    );
+    let (ok, out) = env.wasmop(&["rollout", "abort", "memcached"]);
+    assert!(ok, "{out}");
+    let image = env
+        .wait_replicas("mc-0", 1)
+        .await
+        .spec
+        .template
+        .spec
+        .unwrap()
+        .containers[0]
+        .image
+        .clone();
+    assert_eq!(image.as_deref(), Some("memcached:1.4.36-alpine"));
+
+    // Starlark → Rust, by canary; then undo, back to the script as the next revision.
+    put(&env, None, &rust, &canary).await;
+    all_on(&env, &host, &parents, &rust_digest, 4).await;
+    live(&env, &host, 4).await;
+    let (ok, out) = env.wasmop(&["rollout", "undo", "memcached"]);
+    assert!(ok && out.contains("holds revision 2 again"), "{out}");
+    all_on(&env, &host, &parents, &script_digest, 5).await;
+
+    // A script that loops for mc-1, allocates without bound for mc-2 and fails for mc-3.
+    let hostile = text.replacen(
+        "def reconcile(req):\n",
+        "def reconcile(req):\n\
+         \x20   who = req[\"parent\"][\"metadata\"][\"name\"]\n\
+         \x20   if who == \"mc-1\":\n\
+         \x20       for i in range(1 << 30):\n\
+         \x20           pass\n\
+         \x20   if who == \"mc-2\":\n\
+         \x20       hog = []\n\
+         \x20       for i in range(1 << 30):\n\
+         \x20           hog.append(\"x\" * 4096)\n\
+         \x20   if who == \"mc-3\":\n\
+         \x20       fail(\"mc-3 is told to fail\")\n",
+        1,
+    );
+    assert_ne!(hostile, text);
+    let hostile_digest = wasmop::sandbox::digest_of(hostile.as_bytes());
+    put(&env, Some("plugin.star"), hostile.as_bytes(), &[]).await;
+    all_on(&env, &host, &["mc-0"], &hostile_digest, 6).await;
+    let line = 1 + hostile
+        .lines()
+        .position(|l| l.contains("fail(\"mc-3"))
+        .unwrap();
+    let at_line = format!("plugin.star:{line}:");
+    let api = env.memcacheds();
+    for (name, needle) in [
+        ("mc-1", "deadline"),
+        ("mc-2", "memory"),
+        ("mc-3", at_line.as_str()),
+    ] {
+        let (_, message) = testenv::wait_until(
+            &format!("Memcached {name} to fail with {needle:?}"),
+            TIMEOUT,
+            || async { api.get(name).await.map(|o| ready_condition(&o.data)) },
+            |(status, message)| status == "False" && message.contains(needle),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}\nhost log:\n{}", host.logs()));
+        let warned = support::events_for(&env, "Memcached", name)
+            .await
+            .into_iter()
+            .any(|e| {
+                e.type_.as_deref() == Some("Warning")
+                    && e.message.as_deref().is_some_and(|m| m.contains(needle))
+            });
+        assert!(
+            warned,
+            "no Warning Event on {name} naming {needle:?}: {message}"
+        );
+    }
+    assert!(host.alive(), "the host runs on");
 }

@@ -9,6 +9,7 @@ pub mod render;
 pub mod replay;
 pub mod rollout;
 pub mod run;
+pub mod test;
 
 use crate::cli::{Cli, Command};
 
@@ -24,6 +25,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Capture(args) => capture::run(args),
         Command::Replay(args) => replay::run(args),
         Command::New(args) => new::run(args),
+        Command::Test(args) => test::run(args),
         Command::CompilePlugin(args) => {
             crate::sandbox::serve_compile(args.max_instances).map_err(anyhow::Error::msg)
         }

@@ -6,9 +6,9 @@
 //! `custom_resource!`, reconcile logic that keeps a Deployment, native tests, an example that
 //! prints the CRD written from the Rust types, a sample CR and a README with the build,
 //! render, package and install commands. With `--lang starlark` it is a directory with
-//! `plugin.star`, the CRD as YAML, a sample and a README instead: nothing to build. Every name
-//! is checked before anything is written, and an existing non-empty directory is never
-//! written into.
+//! `plugin.star`, its tests in `plugin_test.star`, the CRD as YAML, a sample and a README
+//! instead: nothing to build. Every name is checked before anything is written, and an
+//! existing non-empty directory is never written into.
 
 use std::path::{Path, PathBuf};
 
@@ -53,6 +53,10 @@ const STARLARK_FILES: &[(&str, &str)] = &[
     (
         "plugin.star",
         include_str!("../../templates/new-star/plugin.star"),
+    ),
+    (
+        "plugin_test.star",
+        include_str!("../../templates/new-star/plugin_test.star"),
     ),
     (
         "crd.yaml",
@@ -104,7 +108,7 @@ pub fn run(args: NewArgs) -> anyhow::Result<()> {
         write_files(&dir, &scaffold, STARLARK_FILES)?;
         return super::print(&format!(
             "created {} ({} {}/{}, plugin {}, in Starlark)\n\nnext:\n  cd {}\n  wasmop \
-             render --plugin plugin.star --parent sample.yaml\n  wasmop package plugin.star > \
+             test\n  wasmop render --plugin plugin.star --parent sample.yaml\n  wasmop package plugin.star > \
              configmap.yaml\n\nthe README says how to install it on a cluster\n",
             dir.display(),
             scaffold.kind,

@@ -17,6 +17,7 @@ pub mod reads;
 pub mod registry;
 pub mod revision;
 pub mod rollout;
+pub mod script_tests;
 pub mod source;
 
 pub use identity::Identity;

@@ -19,6 +19,8 @@ pub enum Call {
     Reconcile,
     /// A script interpreter's `init(file, source)`, called once when a script plugin loads.
     Init,
+    /// A script's test file, run by `wasmop test`.
+    Test,
 }
 
 impl fmt::Display for Call {
@@ -28,6 +30,7 @@ impl fmt::Display for Call {
             Call::Related => "related",
             Call::Reconcile => "reconcile",
             Call::Init => "init",
+            Call::Test => "test",
         })
     }
 }

@@ -60,7 +60,7 @@ pub use engine::KEEP_RESIDENT;
 pub use error::{Call, PluginError, PluginErrorKind, SandboxError, UNKNOWN_PLUGIN};
 pub use limits::{Limits, MEMORY_CEILING, MemoryBudget};
 pub use plugin::Plugin;
-pub use script::Language;
+pub use script::{Language, TestFile, TestOutcome};
 pub use shared::{ArtifactName, ArtifactStore, SealKey, Sealed, ShortKey, Vouched};
 
 use crate::text::hex;

@@ -9,8 +9,12 @@
 //! as the interpreter's message naming `file:line:column`. The instance is then snapshotted
 //! into a new component, with the script parsed and frozen in its memory; that component loads
 //! like any compiled plugin, under the script's digest.
+//!
+//! [`Sandbox::test_script`] runs a script's test files for `wasmop test` on that same snapshot,
+//! each test function in an instance of its own under the plugin's limits.
 
 use std::fmt;
+use std::time::{Duration, Instant};
 
 use futures::executor::block_on;
 use wasmtime::Store;
@@ -27,6 +31,48 @@ const STARLARK: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/wasmop_starlar
 
 /// The export that takes the script.
 const INIT: &str = "init";
+/// The exports that run a test file (see the `script` world).
+const TEST_NAMES: &str = "test-names";
+const RUN_TEST: &str = "run-test";
+
+/// A test file of a script: its name (for messages) and its text.
+#[derive(Debug, Clone)]
+pub struct TestFile {
+    /// The file's name, as `file:line:column` in failures gives it.
+    pub name: String,
+    /// The Starlark text.
+    pub source: String,
+}
+
+impl TestFile {
+    fn outcome(
+        &self,
+        test: Option<String>,
+        failure: Option<String>,
+        since: Instant,
+    ) -> TestOutcome {
+        TestOutcome {
+            file: self.name.clone(),
+            test,
+            failure,
+            elapsed: since.elapsed(),
+        }
+    }
+}
+
+/// What one test function, or a test file that could not run, came to.
+#[derive(Debug, Clone)]
+pub struct TestOutcome {
+    /// The test file.
+    pub file: String,
+    /// The `test_*` function, or `None` when the file itself failed (a syntax error, a
+    /// failing top level).
+    pub test: Option<String>,
+    /// Why it failed, naming `file:line:column`; `None` when it passed.
+    pub failure: Option<String>,
+    /// How long the call took, instantiation included.
+    pub elapsed: Duration,
+}
 
 /// A language plugins may be written in besides WebAssembly, named by the extension of the
 /// ConfigMap key that holds the script.
@@ -134,6 +180,101 @@ impl Sandbox {
                 message,
             })
         })
+    }
+}
+
+impl Sandbox {
+    /// Runs the `test_*` functions of each test file against the script `file` (`source`):
+    /// on its snapshot, as a cluster would run it, each function in an instance of its own
+    /// under `limits`, so one test that loops or allocates without bound fails alone.
+    /// `fixtures`, a JSON object, is `FIXTURES` in every test file. Fails only when the script
+    /// itself does not load.
+    pub fn test_script(
+        &self,
+        language: Language,
+        file: &str,
+        source: &str,
+        tests: &[TestFile],
+        fixtures: &serde_json::Value,
+        limits: &Limits,
+    ) -> Result<Vec<TestOutcome>, PluginError> {
+        let limits = limits.clamped();
+        let digest = digest_of(source.as_bytes());
+        let fail = |kind| PluginError::new(UNKNOWN_PLUGIN, &digest, kind);
+        let snapshot = self.snapshot(language, file, source, &limits)?;
+        let own = digest_of(&snapshot);
+        let got = self
+            .inner
+            .cache
+            .get_or_compile(&self.inner.engine, &own["sha256:".len()..], &snapshot, None)
+            .map_err(|e| fail(PluginErrorKind::NotAComponent(error_chain(&e))))?;
+        let pre = self
+            .inner
+            .linker
+            .instantiate_pre(&got.component)
+            .map_err(|e| fail(PluginErrorKind::WrongInterface(error_chain(&e))))?;
+        let fixtures = fixtures.to_string();
+        let call = |export: &'static str, test: &TestFile, name: Option<&str>| {
+            let _slot = block_on(self.inner.shared.slots.acquire())
+                .map_err(|e| PluginErrorKind::Internal(e.to_string()))?;
+            Invocation {
+                engine: &self.inner.engine,
+                pre: &pre,
+                limits: &limits,
+                budget: &self.inner.shared.budget,
+                plugin: UNKNOWN_PLUGIN,
+                call: Call::Test,
+                probing: false,
+            }
+            .run(|instance, store| match name {
+                None => {
+                    let f = instance
+                        .get_typed_func::<(&str, &str, &str), (Result<Vec<String>, String>,)>(
+                            &mut *store,
+                            export,
+                        )?;
+                    Ok(f.call(&mut *store, (&test.name, &test.source, &fixtures))?
+                        .0)
+                }
+                Some(name) => {
+                    let f = instance
+                        .get_typed_func::<(&str, &str, &str, &str), (Result<(), String>,)>(
+                            &mut *store,
+                            export,
+                        )?;
+                    Ok(
+                        f.call(&mut *store, (&test.name, &test.source, &fixtures, name))?
+                            .0
+                            .map(|()| Vec::new()),
+                    )
+                }
+            })
+        };
+        let mut outcomes = Vec::new();
+        for test in tests {
+            let started = Instant::now();
+            let names = match call(TEST_NAMES, test, None) {
+                Ok(Ok(names)) => names,
+                Ok(Err(message)) => {
+                    outcomes.push(test.outcome(None, Some(message), started));
+                    continue;
+                }
+                Err(kind) => {
+                    outcomes.push(test.outcome(None, Some(kind.to_string()), started));
+                    continue;
+                }
+            };
+            for name in names {
+                let started = Instant::now();
+                let failure = match call(RUN_TEST, test, Some(&name)) {
+                    Ok(Ok(_)) => None,
+                    Ok(Err(message)) => Some(message),
+                    Err(kind) => Some(kind.to_string()),
+                };
+                outcomes.push(test.outcome(Some(name), failure, started));
+            }
+        }
+        Ok(outcomes)
     }
 }
 

@@ -2,7 +2,9 @@
 //! requests, and a hostile script's every way of failing at load and per call.
 
 use serde_json::{Value, json};
-use wasmop::sandbox::{Call, Language, Limits, Plugin, PluginError, PluginErrorKind};
+use wasmop::sandbox::{
+    Call, Language, Limits, Plugin, PluginError, PluginErrorKind, TestFile, TestOutcome,
+};
 use wasmop_contract::wire::WireRequest;
 
 use super::{LIMITS, sandbox};
@@ -299,4 +301,118 @@ fn a_snapshot_is_the_same_for_the_same_script() {
         .snapshot(Language::Starlark, "plugin.star", MEMCACHED_STAR, &LIMITS)
         .expect("snapshot");
     assert!(a == b, "two snapshots of one script differ");
+}
+
+/// Runs `tests` (file name, text) against `source` as `wasmop test` does.
+fn run_tests(source: &str, tests: &[(&str, &str)]) -> Result<Vec<TestOutcome>, PluginError> {
+    let tests: Vec<TestFile> = tests
+        .iter()
+        .map(|(name, text)| TestFile {
+            name: (*name).into(),
+            source: (*text).into(),
+        })
+        .collect();
+    let fixtures = json!({"sample.yaml": {"metadata": {"name": "m"}, "spec": {"size": 2}}});
+    sandbox().test_script(
+        Language::Starlark,
+        "plugin.star",
+        source,
+        &tests,
+        &fixtures,
+        &LIMITS,
+    )
+}
+
+fn verdicts(outcomes: &[TestOutcome]) -> Vec<(String, Option<String>)> {
+    outcomes
+        .iter()
+        .map(|o| {
+            let test = format!("{}:{}", o.file, o.test.as_deref().unwrap_or("-"));
+            (test, o.failure.clone())
+        })
+        .collect()
+}
+
+#[test]
+fn a_scripts_tests_run_beside_it_and_fail_alone_with_their_line() {
+    let tests = "\
+def request(size):
+    return {\"parent\": {\"metadata\": {\"name\": \"m\"}, \"spec\": {\"size\": size}},
+            \"children\": {\"Deployment.apps/v1\": {}}, \"related\": {}, \"settings\": None}
+
+def test_passes():
+    out = reconcile(request(FIXTURES[\"sample.yaml\"][\"spec\"][\"size\"]))
+    assert_eq(out[\"children\"][0][\"spec\"][\"replicas\"], 2)
+
+def test_compares():
+    assert_eq(reconcile(request(1))[\"children\"][0][\"spec\"][\"replicas\"], 4, \"replicas\")
+
+def test_the_script_fails():
+    reconcile(request(-1))
+
+def test_expects_a_failure():
+    assert_fails(lambda: reconcile(request(-1)), \"spec.size must be\")
+    assert_fails(lambda: reconcile(request(1)), \"spec.size must be\")
+
+def test_loops():
+    for i in range(1000000000):
+        pass
+
+def test_after_the_loop():
+    assert_true(MANIFEST[\"name\"] == \"memcached\")
+
+def helper_is_no_test():
+    fail(\"never run\")
+";
+    let out = run_tests(
+        MEMCACHED_STAR,
+        &[("a_test.star", tests), ("b_test.star", "def test_x(:\n")],
+    )
+    .expect("the script loads");
+    let got = verdicts(&out);
+    let names: Vec<&str> = got.iter().map(|(t, _)| t.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "a_test.star:test_after_the_loop",
+            "a_test.star:test_compares",
+            "a_test.star:test_expects_a_failure",
+            "a_test.star:test_loops",
+            "a_test.star:test_passes",
+            "a_test.star:test_the_script_fails",
+            "b_test.star:-",
+        ]
+    );
+    let failure = |i: usize| got[i].1.clone().unwrap_or_default();
+    assert_eq!(
+        got[0].1, None,
+        "a test after a runaway one runs on a fresh instance"
+    );
+    assert_eq!(
+        failure(1),
+        "a_test.star:10:5: replicas: assert_eq: got 1, want 4"
+    );
+    assert!(
+        failure(2).starts_with("a_test.star:17:5: assert_fails: the call returned {"),
+        "{}",
+        failure(2)
+    );
+    assert!(failure(3).contains("deadline"), "{}", failure(3));
+    assert_eq!(got[4].1, None);
+    assert!(
+        failure(5).starts_with("plugin.star:") && failure(5).contains("spec.size must be ≥ 0"),
+        "{}",
+        failure(5)
+    );
+    assert!(failure(6).starts_with("b_test.star:1:"), "{}", failure(6));
+}
+
+#[test]
+fn tests_of_a_script_that_does_not_load_do_not_run() {
+    let err = run_tests(
+        "MANIFEST = {\n",
+        &[("a_test.star", "def test_a():\n    pass\n")],
+    )
+    .expect_err("a broken script fails the run");
+    assert!(err.to_string().contains("plugin.star:"), "{err}");
 }

@@ -14,6 +14,10 @@
 //!   only when the manifest names related kinds;
 //! - `reconcile(request)`, returning a dict such as `{"children": [...], "status": {...}}`.
 //!
+//! `test-names` and `run-test` serve `wasmop test`: a test file runs beside the frozen script,
+//! so its `test_*` functions call the script's own `reconcile` on the interpreter that serves
+//! it in the cluster.
+//!
 //! Starlark has no clock, randomness or I/O, and this build adds none: `print` goes to the
 //! host's log. A call stack deeper than [`MAX_CALL_STACK`] is an error, so recursion ends
 //! there (the host's deadline and memory cap bound the rest).
@@ -23,18 +27,25 @@ use std::sync::OnceLock;
 use serde::Deserialize;
 use starlark::environment::{FrozenModule, Globals, GlobalsBuilder, LibraryExtension, Module};
 use starlark::eval::Evaluator;
+use starlark::starlark_module;
 use starlark::syntax::{AstModule, Dialect};
+use starlark::values::none::NoneType;
 use starlark::values::{OwnedFrozenValue, Value};
 
-wit_bindgen::generate!({
-    path: "../../guest-sdk/wit",
-    world: "script",
-});
+// The generated glue for `run-test` passes four strings as eight words.
+#[allow(clippy::too_many_arguments)]
+mod bindings {
+    wit_bindgen::generate!({
+        path: "../../guest-sdk/wit",
+        world: "script",
+    });
+}
 
-use exports::wasmop::plugin::reconciler::{
+use bindings::exports::wasmop::plugin::reconciler::{
     Guest as Reconciler, KindRef, PluginManifest, RelatedKind, RelatedSelector,
 };
-use wasmop::plugin::host::{Level, log};
+use bindings::wasmop::plugin::host::{Level, log};
+use bindings::{Guest, export};
 
 /// Frames a call may nest: deep enough for any reconcile, shallow enough that a runaway
 /// recursion stops with a message instead of the stack.
@@ -77,6 +88,92 @@ impl Guest for Interpreter {
         });
         Ok(())
     }
+
+    fn test_names(file: String, source: String, fixtures: String) -> Result<Vec<String>, String> {
+        script().test_file(&file, source, &fixtures, None)
+    }
+
+    fn run_test(
+        file: String,
+        source: String,
+        fixtures: String,
+        name: String,
+    ) -> Result<(), String> {
+        script()
+            .test_file(&file, source, &fixtures, Some(&name))
+            .map(drop)
+    }
+}
+
+/// What a test file sees besides the standard library.
+#[starlark_module]
+fn assertions(builder: &mut GlobalsBuilder) {
+    /// Fails the test when `got != want`, saying both.
+    fn assert_eq<'v>(
+        got: Value<'v>,
+        want: Value<'v>,
+        #[starlark(default = NoneType)] msg: Value<'v>,
+    ) -> anyhow::Result<NoneType> {
+        if got.equals(want).map_err(|e| anyhow::anyhow!("{e}"))? {
+            return Ok(NoneType);
+        }
+        let note = msg
+            .unpack_str()
+            .map(|m| format!("{m}: "))
+            .unwrap_or_default();
+        Err(anyhow::anyhow!(
+            "{note}assert_eq: got {}, want {}",
+            got.to_repr(),
+            want.to_repr()
+        ))
+    }
+
+    /// Fails the test unless calling `f` with no arguments fails with a message holding
+    /// `want`.
+    fn assert_fails<'v>(
+        f: Value<'v>,
+        want: &str,
+        eval: &mut Evaluator<'v, '_, '_>,
+    ) -> anyhow::Result<NoneType> {
+        match eval.eval_function(f, &[], &[]) {
+            Ok(v) => {
+                let mut got = v.to_repr();
+                if got.len() > 200 {
+                    let cut = (0..=200).rev().find(|&i| got.is_char_boundary(i)).unwrap_or(0);
+                    got.truncate(cut);
+                    got.push_str(" …");
+                }
+                Err(anyhow::anyhow!(
+                    "assert_fails: the call returned {got} instead of failing with {want:?}"
+                ))
+            }
+            Err(e) => {
+                let message = e.without_diagnostic().to_string();
+                if message.contains(want) {
+                    Ok(NoneType)
+                } else {
+                    Err(anyhow::anyhow!(
+                        "assert_fails: the call failed with {message:?}, which lacks {want:?}"
+                    ))
+                }
+            }
+        }
+    }
+
+    /// Fails the test when `cond` is not true.
+    fn assert_true<'v>(
+        cond: Value<'v>,
+        #[starlark(default = NoneType)] msg: Value<'v>,
+    ) -> anyhow::Result<NoneType> {
+        if cond.to_bool() {
+            return Ok(NoneType);
+        }
+        let note = msg
+            .unpack_str()
+            .map(|m| format!("{m}: "))
+            .unwrap_or_default();
+        Err(anyhow::anyhow!("{note}assert_true: got {}", cond.to_repr()))
+    }
 }
 
 impl Reconciler for Interpreter {
@@ -116,7 +213,7 @@ impl Reconciler for Interpreter {
     }
 }
 
-export!(Interpreter);
+export!(Interpreter with_types_in bindings);
 
 fn script() -> &'static Script {
     // The host snapshots only after a successful init, so a snapshot always has a script.
@@ -126,6 +223,14 @@ fn script() -> &'static Script {
 }
 
 fn globals() -> Globals {
+    library().build()
+}
+
+fn test_globals() -> Globals {
+    library().with(assertions).build()
+}
+
+fn library() -> GlobalsBuilder {
     GlobalsBuilder::extended_by(&[
         LibraryExtension::StructType,
         LibraryExtension::Map,
@@ -134,7 +239,6 @@ fn globals() -> Globals {
         LibraryExtension::Json,
         LibraryExtension::Print,
     ])
-    .build()
 }
 
 fn dialect() -> Dialect {
@@ -174,6 +278,49 @@ fn evaluate(file: &str, source: String) -> Result<FrozenModule, String> {
 }
 
 impl Script {
+    /// Runs a test file's top level beside the script, with `FIXTURES` in scope; then its
+    /// function `run` if given, else gives the names of its `test_*` functions.
+    fn test_file(
+        &self,
+        file: &str,
+        source: String,
+        fixtures: &str,
+        run: Option<&str>,
+    ) -> Result<Vec<String>, String> {
+        let fixtures: serde_json::Value = serde_json::from_str(fixtures)
+            .map_err(|e| format!("the host sent bad fixtures: {e}"))?;
+        let ast = AstModule::parse(file, source, &dialect()).map_err(|e| located(file, &e))?;
+        let globals = test_globals();
+        Module::with_temp_heap(|module| {
+            module.import_public_symbols(&self.module);
+            module.set("FIXTURES", module.heap().alloc(fixtures));
+            let mut eval = Evaluator::new(&module);
+            eval.set_print_handler(&ToHostLog);
+            eval.set_max_callstack_size(MAX_CALL_STACK)
+                .map_err(|e| e.to_string())?;
+            eval.eval_module(ast, &globals)
+                .map_err(|e| located(file, &e))?;
+            if let Some(name) = run {
+                let function = module
+                    .get(name)
+                    .ok_or_else(|| format!("{file}: {name} is not defined"))?;
+                eval.eval_function(function, &[], &[])
+                    .map_err(|e| located(file, &e))?;
+                return Ok(Vec::new());
+            }
+            let mut names: Vec<String> = module
+                .names()
+                .map(|n| n.as_str().to_owned())
+                .filter(|n| {
+                    n.starts_with("test_") && self.module.get_option(n).ok().flatten().is_none()
+                })
+                .filter(|n| module.get(n).is_some_and(|v| v.get_type() == "function"))
+                .collect();
+            names.sort();
+            Ok(names)
+        })
+    }
+
     /// Calls the script's function `name` with one argument, `json` decoded; its result as
     /// JSON.
     fn call(&self, name: &str, json: &str) -> Result<serde_json::Value, String> {
