@@ -136,6 +136,18 @@ impl ArtifactCache {
         wasm: &[u8],
         shared: Option<Vouched>,
     ) -> wasmtime::Result<Got> {
+        self.get_or_compile_with(engine, digest_hex, shared, || Ok(wasm.to_vec()))
+    }
+
+    /// [`Cache::get_or_compile`], making the module with `make` only when it must be
+    /// compiled (a script's snapshot, whose making runs the script).
+    pub(crate) fn get_or_compile_with(
+        &self,
+        engine: &Engine,
+        digest_hex: &str,
+        shared: Option<Vouched>,
+        make: impl FnOnce() -> wasmtime::Result<Vec<u8>>,
+    ) -> wasmtime::Result<Got> {
         if let Some(component) = self.lock().map.get(digest_hex) {
             return Ok(Got {
                 component: component.clone(),
@@ -156,7 +168,7 @@ impl ArtifactCache {
                     serialized: None,
                 },
                 None => {
-                    let serialized = self.compile(engine, wasm)?;
+                    let serialized = self.compile(engine, &make()?)?;
                     let component = self.load_bytes(engine, digest_hex, &serialized)?;
                     Got {
                         component,

@@ -53,7 +53,7 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use tokio::sync::Semaphore;
 use wasmtime::Engine;
-use wasmtime::component::{HasSelf, Linker};
+use wasmtime::component::{Component, HasSelf, Linker};
 
 pub use compile::{COMPILE_COMMAND, Compiler, serve as serve_compile};
 pub use engine::KEEP_RESIDENT;
@@ -268,6 +268,7 @@ impl Sandbox {
         source: Vec<u8>,
         limits: Limits,
     ) -> Result<Plugin, PluginError> {
+        // Not shared between replicas (see script.rs).
         let digest = digest_of(&source);
         self.off_thread(&digest, move |this| {
             this.script_from(language, &file, &source, limits)
@@ -288,6 +289,8 @@ impl Sandbox {
             .map(|(plugin, _, _)| plugin)
     }
 
+    /// The compiled snapshot comes from the cache, keyed by the interpreter and the script,
+    /// when it has it: the script's top level then does not run again.
     fn script_from(
         &self,
         language: Language,
@@ -296,16 +299,35 @@ impl Sandbox {
         limits: Limits,
     ) -> Result<(Plugin, Origin, Option<Vec<u8>>), PluginError> {
         let digest = digest_of(source);
+        let fail = |kind| PluginError::new(UNKNOWN_PLUGIN, &digest, kind);
         let text = std::str::from_utf8(source).map_err(|e| {
-            PluginError::new(
-                UNKNOWN_PLUGIN,
-                &digest,
-                PluginErrorKind::NotAComponent(format!("{file} is not UTF-8 text: {e}")),
-            )
+            fail(PluginErrorKind::NotAComponent(format!(
+                "{file} is not UTF-8 text: {e}"
+            )))
         })?;
         let limits = limits.clamped();
-        let snapshot = self.snapshot(language, file, text, &limits)?;
-        self.load_from(&snapshot, Some(&digest), limits, None)
+        let mut refused = None;
+        let got = self.inner.cache.get_or_compile_with(
+            &self.inner.engine,
+            &language.cache_key(&digest),
+            None,
+            || {
+                self.snapshot(language, file, text, &limits).map_err(|e| {
+                    refused = Some(e);
+                    wasmtime::format_err!("the snapshot failed")
+                })
+            },
+        );
+        let got = match (got, refused) {
+            (_, Some(e)) => return Err(e),
+            (Ok(got), None) => got,
+            (Err(e), None) => {
+                return Err(fail(PluginErrorKind::NotAComponent(error_chain(&e))));
+            }
+        };
+        let (origin, serialized) = (got.origin, got.serialized.clone());
+        let plugin = self.finish(got.component, digest.clone(), limits, source.len())?;
+        Ok((plugin, origin, serialized))
     }
 
     /// Runs `job` (a compile and probe) on a blocking thread once a compile slot is free, in
@@ -404,7 +426,19 @@ impl Sandbox {
             .cache
             .get_or_compile(&self.inner.engine, digest_hex, wasm, shared)
             .map_err(|e| fail(PluginErrorKind::NotAComponent(error_chain(&e))))?;
-        let component = got.component;
+        let plugin = self.finish(got.component, digest, limits, wasm.len())?;
+        Ok((plugin, got.origin, got.serialized))
+    }
+
+    /// Links a compiled component, asks its manifest under `limits` and checks it.
+    fn finish(
+        &self,
+        component: Component,
+        digest: String,
+        limits: Limits,
+        size: usize,
+    ) -> Result<Plugin, PluginError> {
+        let fail = |kind| PluginError::new(UNKNOWN_PLUGIN, &digest, kind);
         let instance_pre = self
             .inner
             .linker
@@ -446,20 +480,20 @@ impl Sandbox {
             plugin = %manifest.name,
             version = %manifest.version,
             %digest,
-            size = wasm.len(),
+            size,
             "plugin loaded"
         );
         let plugin = Plugin::new(plugin::Parts {
             digest,
             manifest,
-            size: wasm.len(),
+            size,
             limits,
             engine: self.inner.engine.clone(),
             pre,
             shared: Arc::clone(&self.inner.shared),
         });
         crate::memory::give_back_freed_memory();
-        Ok((plugin, got.origin, got.serialized))
+        Ok(plugin)
     }
 }
 

@@ -1,6 +1,8 @@
 //! Script plugins in the sandbox: the Starlark Memcached against the Rust one on the same
 //! requests, and a hostile script's every way of failing at load and per call.
 
+use std::time::Duration;
+
 use serde_json::{Value, json};
 use wasmop::sandbox::{
     Call, Language, Limits, Plugin, PluginError, PluginErrorKind, TestFile, TestOutcome,
@@ -415,4 +417,49 @@ fn tests_of_a_script_that_does_not_load_do_not_run() {
     )
     .expect_err("a broken script fails the run");
     assert!(err.to_string().contains("plugin.star:"), "{err}");
+}
+
+/// A script loaded again finds its compiled snapshot in the cache and runs nothing of itself:
+/// a top level that now runs past a shorter deadline still loads. Another script runs its own.
+#[test]
+fn a_cached_snapshot_does_not_run_the_script_again() {
+    let slow_top = |n: u32| {
+        format!(
+            "MANIFEST = {{\"name\": \"slow\", \"version\": \"0.1.0\", \
+             \"parent\": {{\"apiVersion\": \"test.wasmop.io/v1\", \"kind\": \"Probe\"}}}}\n\
+             def spin():\n    for i in range({n}):\n        pass\n\
+             spin()\n\
+             def reconcile(req):\n    return {{\"children\": []}}\n"
+        )
+    };
+    let source = slow_top(10_000_000);
+    let generous = Limits {
+        deadline: Duration::from_secs(30),
+        ..LIMITS
+    };
+    let tight = Limits {
+        deadline: Duration::from_millis(20),
+        ..LIMITS
+    };
+    script_with(&source, generous).expect("loads with time to run its top level");
+    let again = script_with(&source, tight).expect("loads from the cache");
+    assert_eq!(
+        again.digest(),
+        wasmop::sandbox::digest_of(source.as_bytes())
+    );
+    again
+        .reconcile_blocking(&probe_request())
+        .expect("the cached snapshot serves");
+    let other =
+        script_with(&slow_top(10_000_001), tight).expect_err("another script runs its top level");
+    assert!(
+        matches!(
+            other.kind,
+            PluginErrorKind::DeadlineExceeded {
+                call: Call::Init,
+                ..
+            }
+        ),
+        "{other}"
+    );
 }
