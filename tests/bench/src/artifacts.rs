@@ -25,6 +25,8 @@ pub struct Artifacts {
     pub memcached: PathBuf,
     /// `memcached_v2.wasm`, for the hot swap.
     pub memcached_v2: PathBuf,
+    /// `plugins/memcached-star/plugin.star`, the same operator as a Starlark script.
+    pub memcached_star: PathBuf,
     /// The bench plugin built for each kind of the many-operators scenario, in kind order.
     pub kind_plugins: Vec<PathBuf>,
 }
@@ -146,6 +148,7 @@ pub fn build(kinds: &[Kind]) -> Result<Artifacts> {
             .unwrap_or_else(|| release.join("wasmop")),
         memcached: test_artifacts::MEMCACHED.into(),
         memcached_v2: test_artifacts::MEMCACHED_V2.into(),
+        memcached_star: test_artifacts::workspace_root().join("plugins/memcached-star/plugin.star"),
         kind_plugins,
     })
 }

@@ -31,11 +31,19 @@ pub enum Contestant {
     Native,
     /// The host with `memcached.wasm`.
     Wasmop,
+    /// The host with `plugins/memcached-star/plugin.star`; one-kind runs only, and only when
+    /// asked for (`--only`) or in a full run.
+    Starlark,
 }
 
 impl Contestant {
     /// Every contestant, in run order.
-    pub const ALL: [Contestant; 3] = [Contestant::Go, Contestant::Native, Contestant::Wasmop];
+    pub const ALL: [Contestant; 4] = [
+        Contestant::Go,
+        Contestant::Native,
+        Contestant::Wasmop,
+        Contestant::Starlark,
+    ];
 
     /// Short name, as `--only` takes it.
     pub fn key(self) -> &'static str {
@@ -43,6 +51,7 @@ impl Contestant {
             Contestant::Go => "go",
             Contestant::Native => "native",
             Contestant::Wasmop => "wasmop",
+            Contestant::Starlark => "starlark",
         }
     }
 
@@ -52,6 +61,7 @@ impl Contestant {
             Contestant::Go => "Go controller-runtime",
             Contestant::Native => "kube-rs native",
             Contestant::Wasmop => "wasmop",
+            Contestant::Starlark => "wasmop, Starlark",
         }
     }
 }
@@ -140,8 +150,10 @@ pub async fn start(
                 metrics: None,
             })
         }
-        Contestant::Wasmop => {
-            let plugins: Vec<&Path> = if is_plain(kinds) {
+        Contestant::Wasmop | Contestant::Starlark => {
+            let plugins: Vec<&Path> = if who == Contestant::Starlark {
+                vec![&art.memcached_star]
+            } else if is_plain(kinds) {
                 vec![&art.memcached]
             } else {
                 art.kind_plugins.iter().map(|p| p.as_path()).collect()
@@ -438,10 +450,17 @@ pub async fn grant_plugin(client: &Client, name: &str, wasm: &Path) -> Result<()
     Ok(())
 }
 
-/// Creates or updates the plugin ConfigMap `name` with the module at `wasm`.
+/// Creates or updates the plugin ConfigMap `name` with the module or script at `wasm`.
 pub async fn put_plugin(client: &Client, name: &str, wasm: &Path) -> Result<()> {
     let bytes = std::fs::read(wasm).with_context(|| format!("reading {}", wasm.display()))?;
-    let cm = wasmop::plugin::package::package(&bytes, name, PLUGIN_NAMESPACE, None)
+    let packaged = if wasm.extension().is_some_and(|e| e == "star") {
+        let file = wasm.file_name().unwrap_or_default().to_string_lossy();
+        let source = String::from_utf8(bytes).context("a script is text")?;
+        wasmop::plugin::package::package_script(&file, &source, name, PLUGIN_NAMESPACE, None)
+    } else {
+        wasmop::plugin::package::package(&bytes, name, PLUGIN_NAMESPACE, None)
+    };
+    let cm = packaged
         .with_context(|| format!("packaging {}", wasm.display()))?
         .configmap;
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), PLUGIN_NAMESPACE);

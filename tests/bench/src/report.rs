@@ -247,12 +247,12 @@ fn single_table(w: &mut String, run: &SingleRun) {
     let heads: Vec<&str> = run.results.iter().map(|(c, _)| c.label()).collect();
     let _ = writeln!(
         w,
-        "| | {} | wasmop/Go | wasmop/kube-rs |",
+        "| | {} | wasmop/Go | wasmop/kube-rs | Starlark/Go |",
         heads.join(" | ")
     );
-    let _ = writeln!(w, "|---|{}---:|---:|", "---:|".repeat(heads.len()));
-    let (wasm, go, native) = (2, 0, 1);
-    let ratios = [(wasm, go), (wasm, native)];
+    let _ = writeln!(w, "|---|{}---:|---:|---:|", "---:|".repeat(heads.len()));
+    let (wasm, go, native, star) = (2, 0, 1, 3);
+    let ratios = [(wasm, go), (wasm, native), (star, go)];
     let col =
         |f: &dyn Fn(&Outcome) -> f64| -> Vec<Option<f64>> { ok.iter().map(|o| o.map(f)).collect() };
     let steady = ok.iter().flatten().next().map_or(0, |o| o.steady.as_secs());
@@ -558,7 +558,7 @@ fn scale_table(w: &mut String, runs: &[ScaleRun]) {
 "
     );
     let heads: Vec<&str> = runs[0].results.iter().map(|(c, _)| c.label()).collect();
-    let (go, native, wasm) = (0, 1, 2);
+    let (go, native, wasm, star) = (0, 1, 2, 3);
     let ok = |run: &ScaleRun, i: usize| -> Option<Outcome> {
         run.results.get(i)?.1.as_ref()?.as_ref().ok().cloned()
     };
@@ -584,10 +584,10 @@ fn scale_table(w: &mut String, runs: &[ScaleRun]) {
     for (title, decimals, f) in figures {
         let _ = writeln!(
             w,
-            "| {title} | {} | wasmop/Go | wasmop/kube-rs |",
+            "| {title} | {} | wasmop/Go | wasmop/kube-rs | Starlark/Go |",
             heads.join(" | ")
         );
-        let _ = writeln!(w, "|---|{}---:|---:|", "---:|".repeat(heads.len()));
+        let _ = writeln!(w, "|---|{}---:|---:|---:|", "---:|".repeat(heads.len()));
         for run in runs {
             let values: Vec<Option<f64>> = (0..heads.len())
                 .map(|i| ok(run, i).map(|o| f(&o, run.parents)))
@@ -597,7 +597,7 @@ fn scale_table(w: &mut String, runs: &[ScaleRun]) {
                 &format!("{} parents", run.parents),
                 &values,
                 decimals,
-                &[(wasm, go), (wasm, native)],
+                &[(wasm, go), (wasm, native), (star, go)],
             );
         }
         let _ = writeln!(w);
