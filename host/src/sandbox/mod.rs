@@ -306,28 +306,10 @@ impl Sandbox {
             )))
         })?;
         let limits = limits.clamped();
-        let mut refused = None;
-        let got = self.inner.cache.get_or_compile_with(
-            &self.inner.engine,
-            &language.cache_key(&digest),
-            None,
-            || {
-                self.snapshot(language, file, text, &limits).map_err(|e| {
-                    refused = Some(e);
-                    wasmtime::format_err!("the snapshot failed")
-                })
-            },
-        );
-        let got = match (got, refused) {
-            (_, Some(e)) => return Err(e),
-            (Ok(got), None) => got,
-            (Err(e), None) => {
-                return Err(fail(PluginErrorKind::NotAComponent(error_chain(&e))));
-            }
-        };
-        let (origin, serialized) = (got.origin, got.serialized.clone());
+        let got = self.compiled_script(language, file, text, &digest, &limits)?;
         let plugin = self.finish(got.component, digest.clone(), limits, source.len())?;
-        Ok((plugin, origin, serialized))
+        // Nothing to share (see script.rs).
+        Ok((plugin, got.origin, None))
     }
 
     /// Runs `job` (a compile and probe) on a blocking thread once a compile slot is free, in

@@ -27,6 +27,7 @@ use wasmtime::Store;
 use wasmtime::component::{Instance, WasmList};
 use wasmtime_wizer::{ComponentInstanceState, Wizer};
 
+use super::cache::Got;
 use super::error::{Call, PluginError, PluginErrorKind, UNKNOWN_PLUGIN};
 use super::invoke::{CallState, Invocation, error_chain};
 use super::limits::Limits;
@@ -128,6 +129,39 @@ impl fmt::Display for Language {
 }
 
 impl Sandbox {
+    /// The compiled snapshot of the script `source` (its `digest`), from the cache when it
+    /// has one (keyed by [`Language::cache_key`]), else made and compiled.
+    pub(crate) fn compiled_script(
+        &self,
+        language: Language,
+        file: &str,
+        source: &str,
+        digest: &str,
+        limits: &Limits,
+    ) -> Result<Got, PluginError> {
+        let mut refused = None;
+        let got = self.inner.cache.get_or_compile_with(
+            &self.inner.engine,
+            &language.cache_key(digest),
+            None,
+            || {
+                self.snapshot(language, file, source, limits).map_err(|e| {
+                    refused = Some(e);
+                    wasmtime::format_err!("the snapshot failed")
+                })
+            },
+        );
+        match (got, refused) {
+            (_, Some(e)) => Err(e),
+            (Ok(got), None) => Ok(got),
+            (Err(e), None) => Err(PluginError::new(
+                UNKNOWN_PLUGIN,
+                digest,
+                PluginErrorKind::NotAComponent(error_chain(&e)),
+            )),
+        }
+    }
+
     /// The component that runs `source`, a script in `language` named `file`: the
     /// interpreter after `init(file, source)`, snapshotted. Runs on the calling thread.
     pub fn snapshot(
@@ -224,21 +258,20 @@ impl Sandbox {
     ) -> Result<Vec<TestOutcome>, PluginError> {
         let limits = limits.clamped();
         let digest = digest_of(source.as_bytes());
-        let fail = |kind| PluginError::new(UNKNOWN_PLUGIN, &digest, kind);
-        let snapshot = self.snapshot(language, file, source, &limits)?;
-        let own = digest_of(&snapshot);
-        let got = self
-            .inner
-            .cache
-            .get_or_compile(&self.inner.engine, &own["sha256:".len()..], &snapshot, None)
-            .map_err(|e| fail(PluginErrorKind::NotAComponent(error_chain(&e))))?;
+        let got = self.compiled_script(language, file, source, &digest, &limits)?;
         let pre = self
             .inner
             .linker
             .instantiate_pre(&got.component)
-            .map_err(|e| fail(PluginErrorKind::WrongInterface(error_chain(&e))))?;
+            .map_err(|e| {
+                PluginError::new(
+                    UNKNOWN_PLUGIN,
+                    &digest,
+                    PluginErrorKind::WrongInterface(error_chain(&e)),
+                )
+            })?;
         let fixtures = fixtures.to_string();
-        let call = |export: &'static str, test: &TestFile, name: Option<&str>| {
+        let call = |test: &TestFile, name: Option<&str>| {
             let _slot = block_on(self.inner.shared.slots.acquire())
                 .map_err(|e| PluginErrorKind::Internal(e.to_string()))?;
             Invocation {
@@ -255,7 +288,7 @@ impl Sandbox {
                     let f = instance
                         .get_typed_func::<(&str, &str, &str), (Result<Vec<String>, String>,)>(
                             &mut *store,
-                            export,
+                            TEST_NAMES,
                         )?;
                     Ok(f.call(&mut *store, (&test.name, &test.source, &fixtures))?
                         .0)
@@ -264,7 +297,7 @@ impl Sandbox {
                     let f = instance
                         .get_typed_func::<(&str, &str, &str, &str), (Result<(), String>,)>(
                             &mut *store,
-                            export,
+                            RUN_TEST,
                         )?;
                     Ok(
                         f.call(&mut *store, (&test.name, &test.source, &fixtures, name))?
@@ -277,7 +310,7 @@ impl Sandbox {
         let mut outcomes = Vec::new();
         for test in tests {
             let started = Instant::now();
-            let names = match call(TEST_NAMES, test, None) {
+            let names = match call(test, None) {
                 Ok(Ok(names)) => names,
                 Ok(Err(message)) => {
                     outcomes.push(test.outcome(None, Some(message), started));
@@ -290,7 +323,7 @@ impl Sandbox {
             };
             for name in names {
                 let started = Instant::now();
-                let failure = match call(RUN_TEST, test, Some(&name)) {
+                let failure = match call(test, Some(&name)) {
                     Ok(Ok(_)) => None,
                     Ok(Err(message)) => Some(message),
                     Err(kind) => Some(kind.to_string()),
