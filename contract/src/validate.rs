@@ -335,7 +335,9 @@ fn check_metadata(meta: &mut Map<String, Value>, v: &mut ChildCheck) -> String {
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_owned();
-    if name.is_empty() {
+    if let Some(other) = meta.get("name").filter(|n| !n.is_string()) {
+        v.refuse(format!("metadata.name must be a string, not {other}"));
+    } else if name.is_empty() {
         v.refuse("metadata.name is required (generateName does not work with server-side apply)");
     } else if !is_dns1123_subdomain(&name) {
         v.refuse(format!(
@@ -672,6 +674,13 @@ mod tests {
                 json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"generateName": "a-"}}),
             ]),
             "metadata.name is required",
+        );
+        refused(
+            Scope::Namespaced,
+            children(vec![
+                json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": 5}}),
+            ]),
+            "metadata.name must be a string, not 5",
         );
         refused(
             Scope::Namespaced,

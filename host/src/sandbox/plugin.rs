@@ -259,11 +259,14 @@ impl Plugin {
         self.check_size(call, json.len())?;
         let shape = Shape::of(json.as_bytes(), RESPONSE_MAX_DEPTH);
         let _held = self.admit(call, shape, json.len())?;
-        serde_json::from_str(&json).map_err(|e| {
-            self.error(PluginErrorKind::InvalidJson {
-                call,
-                detail: e.to_string(),
-            })
+        // The path (`children[0].metadata`) is what an author needs to find the mistake.
+        let mut json = serde_json::Deserializer::from_str(&json);
+        serde_path_to_error::deserialize(&mut json).map_err(|e| {
+            let detail = match e.path().to_string() {
+                path if path == "." => e.inner().to_string(),
+                path => format!("{path}: {}", e.inner()),
+            };
+            self.error(PluginErrorKind::InvalidJson { call, detail })
         })
     }
 

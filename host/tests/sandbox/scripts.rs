@@ -256,6 +256,8 @@ fn a_failing_or_endless_reconcile_fails_that_call_only() {
          \x20       return reconcile(req)\n\
          \x20   if mode == \"list\":\n\
          \x20       return []\n\
+         \x20   if mode == \"shape\":\n\
+         \x20       return {\"events\": [{\"type\": \"Normal\", \"reason\": 3}]}\n\
          \x20   return {\"status\": {\"ok\": True}}",
     ))
     .expect("loads");
@@ -286,6 +288,15 @@ fn a_failing_or_endless_reconcile_fails_that_call_only() {
     match call("list").expect_err("not a dict").kind {
         PluginErrorKind::PluginFailed { message, .. } => {
             assert!(message.contains("returned a list"), "{message}")
+        }
+        other => panic!("{other:?}"),
+    }
+    match call("shape").expect_err("a number for a reason").kind {
+        PluginErrorKind::InvalidJson { detail, .. } => {
+            assert!(
+                detail.starts_with("events[0].reason: invalid type: integer `3`"),
+                "{detail}"
+            )
         }
         other => panic!("{other:?}"),
     }
