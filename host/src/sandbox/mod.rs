@@ -66,7 +66,7 @@ pub use shared::{ArtifactName, ArtifactStore, SealKey, Sealed, ShortKey, Vouched
 use crate::text::hex;
 use bindings::{Plugin as Bindings, PluginPre};
 use cache::{ArtifactCache, Compiling, Origin};
-use invoke::{CallState, Invocation, error_chain};
+use invoke::{CallState, Instantiate, Invocation, error_chain};
 use limits::Shared;
 
 /// How a [`Sandbox`] is set up.
@@ -412,6 +412,30 @@ impl Sandbox {
         Ok((plugin, got.origin, got.serialized))
     }
 
+    /// Runs `f` in a fresh instance of `pre` under `limits`, for a plugin not named yet (a
+    /// load's probe, a script's `init` or tests), once a call slot is free.
+    fn run_unnamed<P: Instantiate, R>(
+        &self,
+        pre: &P,
+        limits: &Limits,
+        call: Call,
+        probing: bool,
+        f: impl FnOnce(&P::Instance, &mut wasmtime::Store<CallState>) -> wasmtime::Result<R>,
+    ) -> Result<R, PluginErrorKind> {
+        let _slot = futures::executor::block_on(self.inner.shared.slots.acquire())
+            .map_err(|e| PluginErrorKind::Internal(e.to_string()))?;
+        Invocation {
+            engine: &self.inner.engine,
+            pre,
+            limits,
+            budget: &self.inner.shared.budget,
+            plugin: UNKNOWN_PLUGIN,
+            call,
+            probing,
+        }
+        .run(f)
+    }
+
     /// Links a compiled component, asks its manifest under `limits` and checks it.
     fn finish(
         &self,
@@ -429,21 +453,11 @@ impl Sandbox {
         let pre = PluginPre::new(instance_pre)
             .map_err(|e| fail(PluginErrorKind::WrongInterface(error_chain(&e))))?;
 
-        let manifest = {
-            let _slot = futures::executor::block_on(self.inner.shared.slots.acquire())
-                .map_err(|e| fail(PluginErrorKind::Internal(e.to_string())))?;
-            Invocation {
-                engine: &self.inner.engine,
-                pre: &pre,
-                limits: &limits,
-                budget: &self.inner.shared.budget,
-                plugin: UNKNOWN_PLUGIN,
-                call: Call::Manifest,
-                probing: true,
-            }
-            .run(|bindings, store| bindings.wasmop_plugin_reconciler().call_manifest(store))
-            .map_err(fail)?
-        };
+        let manifest = self
+            .run_unnamed(&pre, &limits, Call::Manifest, true, |bindings, store| {
+                bindings.wasmop_plugin_reconciler().call_manifest(store)
+            })
+            .map_err(fail)?;
         let manifest = manifest::from_wit(manifest);
         if let Err(e) = manifest.validate() {
             // The name is known now, even if it is itself what is wrong.

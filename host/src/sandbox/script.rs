@@ -29,7 +29,7 @@ use wasmtime_wizer::{ComponentInstanceState, Wizer};
 
 use super::cache::Got;
 use super::error::{Call, PluginError, PluginErrorKind, UNKNOWN_PLUGIN};
-use super::invoke::{CallState, Invocation, error_chain};
+use super::invoke::{CallState, error_chain};
 use super::limits::Limits;
 use super::{Sandbox, digest_of};
 use crate::text::hex;
@@ -203,35 +203,25 @@ impl Sandbox {
             .linker
             .instantiate_pre(&got.component)
             .map_err(|e| internal("linking", &e))?;
-        let _slot = block_on(self.inner.shared.slots.acquire())
-            .map_err(|e| fail(PluginErrorKind::Internal(e.to_string())))?;
-        let ran = Invocation {
-            engine: &self.inner.engine,
-            pre: &pre,
-            limits,
-            budget: &self.inner.shared.budget,
-            plugin: UNKNOWN_PLUGIN,
-            call: Call::Init,
-            probing: false,
-        }
-        .run(|instance, store| {
-            let init = instance
-                .get_typed_func::<(&str, &str), (Result<(), String>,)>(&mut *store, INIT)?;
-            if let (Err(message),) = init.call(&mut *store, (file, source))? {
-                return Ok(Err(message));
-            }
-            let mut state = Access {
-                store,
-                instance: *instance,
-                failed: None,
-            };
-            let snapshot = block_on(wizer.snapshot_component(&cx, &mut state))?;
-            match state.failed {
-                Some(e) => Err(e),
-                None => Ok(Ok(snapshot)),
-            }
-        })
-        .map_err(fail)?;
+        let ran = self
+            .run_unnamed(&pre, limits, Call::Init, false, |instance, store| {
+                let init = instance
+                    .get_typed_func::<(&str, &str), (Result<(), String>,)>(&mut *store, INIT)?;
+                if let (Err(message),) = init.call(&mut *store, (file, source))? {
+                    return Ok(Err(message));
+                }
+                let mut state = Access {
+                    store,
+                    instance: *instance,
+                    failed: None,
+                };
+                let snapshot = block_on(wizer.snapshot_component(&cx, &mut state))?;
+                match state.failed {
+                    Some(e) => Err(e),
+                    None => Ok(Ok(snapshot)),
+                }
+            })
+            .map_err(fail)?;
         ran.map_err(|message| {
             fail(PluginErrorKind::PluginFailed {
                 call: Call::Init,
@@ -272,40 +262,35 @@ impl Sandbox {
             })?;
         let fixtures = fixtures.to_string();
         let call = |test: &TestFile, name: Option<&str>| {
-            let _slot = block_on(self.inner.shared.slots.acquire())
-                .map_err(|e| PluginErrorKind::Internal(e.to_string()))?;
-            Invocation {
-                engine: &self.inner.engine,
-                pre: &pre,
-                limits: &limits,
-                budget: &self.inner.shared.budget,
-                plugin: UNKNOWN_PLUGIN,
-                call: Call::Test,
-                probing: false,
-            }
-            .run(|instance, store| match name {
-                None => {
-                    let f = instance
-                        .get_typed_func::<(&str, &str, &str), (Result<Vec<String>, String>,)>(
-                            &mut *store,
-                            TEST_NAMES,
-                        )?;
-                    Ok(f.call(&mut *store, (&test.name, &test.source, &fixtures))?
-                        .0)
-                }
-                Some(name) => {
-                    let f = instance
-                        .get_typed_func::<(&str, &str, &str, &str), (Result<(), String>,)>(
-                            &mut *store,
-                            RUN_TEST,
-                        )?;
-                    Ok(
-                        f.call(&mut *store, (&test.name, &test.source, &fixtures, name))?
-                            .0
-                            .map(|()| Vec::new()),
-                    )
-                }
-            })
+            self.run_unnamed(
+                &pre,
+                &limits,
+                Call::Test,
+                false,
+                |instance, store| match name {
+                    None => {
+                        let f = instance
+                            .get_typed_func::<(&str, &str, &str), (Result<Vec<String>, String>,)>(
+                                &mut *store,
+                                TEST_NAMES,
+                            )?;
+                        Ok(f.call(&mut *store, (&test.name, &test.source, &fixtures))?
+                            .0)
+                    }
+                    Some(name) => {
+                        let f = instance
+                            .get_typed_func::<(&str, &str, &str, &str), (Result<(), String>,)>(
+                                &mut *store,
+                                RUN_TEST,
+                            )?;
+                        Ok(
+                            f.call(&mut *store, (&test.name, &test.source, &fixtures, name))?
+                                .0
+                                .map(|()| Vec::new()),
+                        )
+                    }
+                },
+            )
         };
         let mut outcomes = Vec::new();
         for test in tests {

@@ -249,6 +249,15 @@ fn dialect() -> Dialect {
     }
 }
 
+/// An evaluator for `module`: `print` to the host's log, the call stack bounded.
+fn evaluator<'v, 'a, 'e>(module: &'a Module<'v>) -> Result<Evaluator<'v, 'a, 'e>, String> {
+    let mut eval = Evaluator::new(module);
+    eval.set_print_handler(&ToHostLog);
+    eval.set_max_callstack_size(MAX_CALL_STACK)
+        .map_err(|e| e.to_string())?;
+    Ok(eval)
+}
+
 /// `print` lines go to the host's log, inside the reconcile's span.
 struct ToHostLog;
 
@@ -264,10 +273,7 @@ fn evaluate(file: &str, source: String) -> Result<FrozenModule, String> {
     let globals = globals();
     Module::with_temp_heap(|module| {
         {
-            let mut eval = Evaluator::new(&module);
-            eval.set_print_handler(&ToHostLog);
-            eval.set_max_callstack_size(MAX_CALL_STACK)
-                .map_err(|e| e.to_string())?;
+            let mut eval = evaluator(&module)?;
             eval.eval_module(ast, &globals)
                 .map_err(|e| located(file, &e))?;
         }
@@ -294,10 +300,7 @@ impl Script {
         Module::with_temp_heap(|module| {
             module.import_public_symbols(&self.module);
             module.set("FIXTURES", module.heap().alloc(fixtures));
-            let mut eval = Evaluator::new(&module);
-            eval.set_print_handler(&ToHostLog);
-            eval.set_max_callstack_size(MAX_CALL_STACK)
-                .map_err(|e| e.to_string())?;
+            let mut eval = evaluator(&module)?;
             eval.eval_module(ast, &globals)
                 .map_err(|e| located(file, &e))?;
             if let Some(name) = run {
@@ -332,10 +335,7 @@ impl Script {
             .get(name)
             .map_err(|_| format!("{file}: {name} is not defined"))?;
         Module::with_temp_heap(|module| {
-            let mut eval = Evaluator::new(&module);
-            eval.set_print_handler(&ToHostLog);
-            eval.set_max_callstack_size(MAX_CALL_STACK)
-                .map_err(|e| e.to_string())?;
+            let mut eval = evaluator(&module)?;
             let arg = module.heap().alloc(arg);
             // SAFETY: `owned_frozen_value` makes this call's frozen heap hold the script's, so
             // the value lives as long as the call (and the script, in a static, forever).
