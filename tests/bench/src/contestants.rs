@@ -162,7 +162,7 @@ pub async fn start(
             let cache = cache_dir(tag);
             let _ = std::fs::remove_dir_all(&cache);
             std::fs::create_dir_all(&cache)?;
-            let (mut host, metrics) = spawn_host(art, env, settings, tag, "wasmop", &[]).await?;
+            let (mut host, metrics) = spawn_host(art, env, settings, tag, who.key(), &[]).await?;
             // Let it list the (empty) plugin namespace first, so the load below is a change.
             tokio::time::sleep(Duration::from_secs(1)).await;
             let names = plugin_names(kinds);
