@@ -14,6 +14,7 @@
 //! against its MAC ([`Vouched`], see `shared.rs`); it is loaded and kept on disk like one
 //! compiled here.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
 use std::io::Write;
@@ -136,17 +137,18 @@ impl ArtifactCache {
         wasm: &[u8],
         shared: Option<Vouched>,
     ) -> wasmtime::Result<Got> {
-        self.get_or_compile_with(engine, digest_hex, shared, || Ok(wasm.to_vec()))
+        self.get_or_compile_with(engine, digest_hex, shared, || Ok(Cow::Borrowed(wasm)))
     }
 
     /// [`Cache::get_or_compile`], making the module with `make` only when it must be
-    /// compiled (a script's snapshot, whose making runs the script).
-    pub(crate) fn get_or_compile_with(
+    /// compiled (a script's snapshot, whose making runs the script). A module at hand is
+    /// borrowed, never copied: it may be 64 MiB.
+    pub(crate) fn get_or_compile_with<'w>(
         &self,
         engine: &Engine,
         digest_hex: &str,
         shared: Option<Vouched>,
-        make: impl FnOnce() -> wasmtime::Result<Vec<u8>>,
+        make: impl FnOnce() -> wasmtime::Result<Cow<'w, [u8]>>,
     ) -> wasmtime::Result<Got> {
         if let Some(component) = self.lock().map.get(digest_hex) {
             return Ok(Got {

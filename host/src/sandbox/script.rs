@@ -16,6 +16,7 @@
 //! [`Sandbox::test_script`] runs a script's test files for `wasmop test` on that same snapshot,
 //! each test function in an instance of its own under the plugin's limits.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -145,10 +146,12 @@ impl Sandbox {
             &language.cache_key(digest),
             None,
             || {
-                self.snapshot(language, file, source, limits).map_err(|e| {
-                    refused = Some(e);
-                    wasmtime::format_err!("the snapshot failed")
-                })
+                self.snapshot(language, file, source, limits)
+                    .map(Cow::Owned)
+                    .map_err(|e| {
+                        refused = Some(e);
+                        wasmtime::format_err!("the snapshot failed")
+                    })
             },
         );
         match (got, refused) {
