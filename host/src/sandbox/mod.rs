@@ -248,9 +248,7 @@ impl Sandbox {
         let digest_hex = digest["sha256:".len()..].to_owned();
         let shared = self.shared_artifact(&digest_hex).await;
         let loaded = self
-            .off_thread(&digest, move |this| {
-                this.load_from(&wasm, None, limits, shared)
-            })
+            .off_thread(&digest, move |this| this.load_from(&wasm, limits, shared))
             .await?;
         if let Some(bytes) = loaded.1 {
             self.publish(&digest_hex, bytes);
@@ -373,24 +371,21 @@ impl Sandbox {
     /// [`Sandbox::load`] on the calling thread (compiling may take 100 ms), without shared
     /// artifacts.
     pub fn load_blocking(&self, wasm: &[u8], limits: Limits) -> Result<Plugin, PluginError> {
-        self.load_from(wasm, None, limits, None)
+        self.load_from(wasm, limits, None)
             .map(|(plugin, _, _)| plugin)
     }
 
     /// Loads, taking the component from `shared` if the caches lack it; says where it came
-    /// from, and gives the serialised component when it was compiled here. The plugin reports
-    /// `as_digest` if given (a script's), else the digest of `wasm`.
+    /// from, and gives the serialised component when it was compiled here.
     fn load_from(
         &self,
         wasm: &[u8],
-        as_digest: Option<&str>,
         limits: Limits,
         shared: Option<Vouched>,
     ) -> Result<(Plugin, Origin, Option<Vec<u8>>), PluginError> {
         let limits = limits.clamped();
-        let own = digest_of(wasm);
-        let digest_hex = &own["sha256:".len()..];
-        let digest = as_digest.map_or_else(|| own.clone(), str::to_owned);
+        let digest = digest_of(wasm);
+        let digest_hex = &digest["sha256:".len()..];
         let fail = |kind| PluginError::new(UNKNOWN_PLUGIN, &digest, kind);
 
         let detail = match sniff(wasm) {
