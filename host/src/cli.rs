@@ -63,6 +63,16 @@ pub struct CompilePluginArgs {
     /// The pool size of the host's engine, which this one must match.
     #[arg(long)]
     pub max_instances: u32,
+    /// The host's cache directory, whose compiled functions (`functions.pack`) this compile
+    /// reads and adds to.
+    #[arg(long)]
+    pub functions: Option<PathBuf>,
+    /// What `functions.pack` may hold, in bytes.
+    #[arg(long, default_value_t = 32 << 20)]
+    pub functions_max_bytes: u64,
+    /// Write the artifact to this file instead of stdout.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
 }
 
 /// `wasmop test`.

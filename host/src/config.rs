@@ -77,7 +77,8 @@ pub const BACKOFF_MAX: Duration = Duration::from_secs(300);
 pub const SANDBOX_MEMORY_MIB: u64 = 160;
 
 /// What the on-disk compile cache may hold, in MiB: half the 128 Mi `emptyDir` of `deploy/`
-/// (a compiled plugin takes one or two).
+/// (a compiled plugin takes one or two, a script's snapshot 16), and compiled functions half
+/// as much again.
 pub const COMPILE_CACHE_MIB: u64 = 64;
 /// How long compiling one module may take before its load fails. Compiling cannot be
 /// interrupted, so the thread runs on to the end in the background, holding its slot.

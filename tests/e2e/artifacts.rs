@@ -1,6 +1,7 @@
 //! Compiled plugins shared between replicas through the cluster: a second host with an empty
 //! disk cache takes the first one's artifact instead of compiling, and an artifact planted by
-//! someone who can write ConfigMaps but not read the key is never loaded.
+//! someone who can write ConfigMaps but not read the key is never loaded. A script's compiled
+//! snapshot, too large for one ConfigMap, is shared in parts.
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{DeleteParams, ListParams, PostParams};
@@ -110,4 +111,71 @@ async fn a_new_replica_loads_what_another_compiled_and_never_a_planted_artifact(
         "{}",
         third.logs()
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_script_snapshot_is_shared_in_parts_and_a_new_replica_runs_no_script_to_load_it() {
+    let env = Env::new("e2e-artifacts-star").await;
+    let script = test_artifacts::workspace_root().join(crate::scripts::SCRIPT);
+    let script = script.to_str().unwrap();
+    let host_ns = env.name().to_owned();
+    crate::scripts::apply_output(&env, &["rbac", script, "--watch-namespace", &host_ns]).await;
+    crate::scripts::apply_output(&env, &["package", script]).await;
+
+    let first = fresh_pod(&env, "first");
+    wait_log(&first, "shared the compiled plugin with other replicas").await;
+    let stored = artifacts(&env).await;
+    let head = stored
+        .iter()
+        .find(|cm| {
+            cm.metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key("wasmop.io/artifact-parts"))
+        })
+        .unwrap_or_else(|| panic!("no artifact in parts: {stored:?}"));
+    let parts: usize = head.metadata.annotations.as_ref().unwrap()["wasmop.io/artifact-parts"]
+        .parse()
+        .unwrap();
+    assert!(parts > 1, "{parts}");
+    assert_eq!(stored.len(), parts, "the parts, and nothing else");
+    for cm in &stored {
+        let owners = cm.metadata.owner_references.as_ref().unwrap();
+        assert_eq!(owners[0].kind, "ControllerRevision", "{owners:?}");
+        assert_eq!(cm.immutable, Some(true));
+    }
+    first.kill();
+
+    // A new pod loads the snapshot as it was shared: no interpreter instrumented, no script
+    // run, nothing compiled.
+    let second = fresh_pod(&env, "second");
+    wait_log(&second, "\"shared by another replica\"").await;
+    env.memcached_ready("cache", 2).await;
+    let logs = second.logs();
+    let ready = logs
+        .lines()
+        .find(|l| l.contains("plugin module ready"))
+        .unwrap_or_else(|| panic!("{logs}"));
+    println!("a replica took the shared snapshot: {ready}");
+    assert!(!logs.contains("\"compiled\""), "{logs}");
+
+    // A part gone: the next new pod compiles for itself, and serves.
+    let api: kube::Api<ConfigMap> = env.ns.api();
+    let last = format!("{}-{}", head.metadata.name.as_deref().unwrap(), parts - 1);
+    api.delete(&last, &DeleteParams::default())
+        .await
+        .expect("delete a part");
+    testenv::wait_until(
+        "the part to be gone",
+        TIMEOUT,
+        || async { api.get_opt(&last).await },
+        Option::is_none,
+    )
+    .await
+    .unwrap();
+    second.kill();
+    let third = fresh_pod(&env, "third");
+    wait_log(&third, "a part of a shared compiled plugin is missing").await;
+    wait_log(&third, "\"compiled\"").await;
+    env.memcached_ready("cache", 1).await;
 }

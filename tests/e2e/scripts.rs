@@ -9,11 +9,11 @@ use serde_json::Value;
 use k8s_openapi::api::core::v1::ConfigMap;
 use support::{Env, Host, TIMEOUT};
 
-const SCRIPT: &str = "plugins/memcached-star/plugin.star";
+pub(crate) const SCRIPT: &str = "plugins/memcached-star/plugin.star";
 
 /// The documents `wasmop <args>` prints, applied server-side as `kubectl apply
 /// --server-side -f -` would.
-async fn apply_output(env: &Env, args: &[&str]) {
+pub(crate) async fn apply_output(env: &Env, args: &[&str]) {
     let (ok, out) = env.wasmop(args);
     assert!(ok, "wasmop {args:?}: {out}");
     let docs: Vec<Value> = serde_yaml::Deserializer::from_str(&out)
@@ -412,4 +412,184 @@ async fn a_script_rolls_out_by_canary_is_previewed_undone_and_fails_one_parent_a
         );
     }
     assert!(host.alive(), "the host runs on");
+}
+
+/// Pods of `Memcached/name`.
+async fn pods_of(env: &Env, name: &str) -> Vec<k8s_openapi::api::core::v1::Pod> {
+    let api: kube::Api<k8s_openapi::api::core::v1::Pod> = env.ns.api();
+    api.list(&kube::api::ListParams::default().labels(&format!("memcached_cr={name}")))
+        .await
+        .expect("list pods")
+        .items
+}
+
+/// Gives the object a finalizer of the test's (or takes it away), so that deleting it leaves
+/// it terminating.
+async fn hold<K>(api: &kube::Api<K>, name: &str, on: bool)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let finalizers: Vec<&str> = if on { vec![HOLD] } else { vec![] };
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(&serde_json::json!({"metadata": {"finalizers": finalizers}})),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("finalizers of {name}: {e}"));
+}
+
+const HOLD: &str = "e2e.wasmop.io/hold";
+
+/// The differential test on requests captured from the plane rather than made up: 36 parents
+/// of sizes 0–5 served by the Rust build, captured settled, in the middle of a change (scaled,
+/// a pod terminating, the parent itself being deleted) and after; every request answered by
+/// the Starlark script byte for byte as by the Rust module. Then `wasmop replay` with the
+/// script on a capture of the Rust build, as a user would check a port.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_starlark_memcached_answers_captured_requests_as_the_rust_one_byte_for_byte() {
+    let env = Env::new("e2e-star-corpus").await;
+    let rust_wasm = env.put_memcached_plugin().await;
+    let host = env.start_host();
+    let parents: Vec<(String, i64)> = (0..36).map(|i| (format!("c{i}"), i % 6)).collect();
+    for (name, size) in &parents {
+        env.put_memcached(name, *size).await;
+    }
+    for (name, size) in &parents {
+        env.wait_nodes(name, *size as usize).await;
+    }
+    let ns = env.name().to_owned();
+    let dir = |n: u32| {
+        test_artifacts::workspace_root()
+            .join("target/e2e-logs")
+            .join(format!("corpus-{ns}-{n}"))
+    };
+    let capture = |n: u32| {
+        let out = dir(n);
+        let _ = std::fs::remove_dir_all(&out);
+        let (ok, text) = env.wasmop(&[
+            "capture",
+            "memcached",
+            "--out",
+            out.to_str().unwrap(),
+            "--watch-namespace",
+            &ns,
+        ]);
+        assert!(ok, "{text}\nhost log:\n{}", host.logs());
+    };
+    capture(1);
+
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = env.ns.api();
+    let memcacheds = env.memcacheds();
+    let mut held_pods = Vec::new();
+    let mut held_parents = Vec::new();
+    for (i, (name, size)) in parents.iter().enumerate() {
+        match i % 4 {
+            0 => env.put_memcached(name, (size + 2) % 6).await,
+            1 if *size > 0 => {
+                let pod = pods_of(&env, name).await[0].metadata.name.clone().unwrap();
+                hold(&pods, &pod, true).await;
+                pods.delete(&pod, &Default::default()).await.unwrap();
+                held_pods.push(pod);
+            }
+            2 => {
+                hold(&memcacheds, name, true).await;
+                memcacheds.delete(name, &Default::default()).await.unwrap();
+                held_parents.push(name.clone());
+            }
+            _ => {}
+        }
+    }
+    capture(2);
+    for (i, (name, size)) in parents.iter().enumerate() {
+        if i % 4 == 0 {
+            env.wait_nodes(name, ((size + 2) % 6) as usize).await;
+        }
+    }
+    capture(3);
+
+    let root = test_artifacts::workspace_root();
+    let source = std::fs::read(root.join(SCRIPT)).unwrap();
+    let sandbox = wasmop::sandbox::Sandbox::new(Default::default()).unwrap();
+    let limits = wasmop::sandbox::Limits::default();
+    let rust = sandbox.load_blocking(&rust_wasm, limits).unwrap();
+    let star = sandbox
+        .load_script_blocking(
+            wasmop::sandbox::Language::Starlark,
+            "plugin.star",
+            &source,
+            limits,
+        )
+        .unwrap();
+    let mut requests = 0;
+    let mut seen = std::collections::BTreeSet::new();
+    for n in 1..=3 {
+        for file in std::fs::read_dir(dir(n)).unwrap() {
+            let path = file.unwrap().path();
+            if path.file_name().is_some_and(|f| f == "capture.json") {
+                continue;
+            }
+            let record: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+            let req: wasmop_contract::wire::WireRequest =
+                serde_json::from_value(record["request"].clone()).unwrap();
+            let answer = |p: &wasmop::sandbox::Plugin| {
+                let response = p
+                    .reconcile_blocking(&req)
+                    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                serde_json::to_string(&response).unwrap()
+            };
+            assert_eq!(answer(&star), answer(&rust), "{}", path.display());
+            requests += 1;
+            let pods = req.related.get("Pod.v1").map_or(0, |p| p.len());
+            let terminating = req.related.get("Pod.v1").is_some_and(|p| {
+                p.values()
+                    .any(|p| p["metadata"].get("deletionTimestamp").is_some())
+            });
+            let deleting = req.parent["metadata"].get("deletionTimestamp").is_some();
+            let deployment = req
+                .children
+                .get("Deployment.apps/v1")
+                .is_some_and(|d| !d.is_empty());
+            seen.insert((
+                req.parent["spec"]["size"].as_i64().unwrap(),
+                pods,
+                terminating,
+                deleting,
+                deployment,
+            ));
+        }
+    }
+    assert!(requests >= 100, "{requests} requests captured");
+    let sizes: std::collections::BTreeSet<i64> = seen.iter().map(|s| s.0).collect();
+    assert_eq!(sizes.len(), 6, "sizes 0–5: {seen:?}");
+    assert!(seen.iter().any(|s| s.2), "a pod terminating: {seen:?}");
+    assert!(seen.iter().any(|s| s.3), "a parent being deleted: {seen:?}");
+    assert!(
+        seen.iter().any(|s| s.1 != s.0 as usize),
+        "pods other than the size: {seen:?}"
+    );
+    println!(
+        "{requests} captured requests, {} shapes (size, pods, terminating, deleting, deployment)",
+        seen.len()
+    );
+
+    let replay = std::process::Command::new(support::wasmop_bin())
+        .args(["replay", "--plugin"])
+        .arg(root.join(SCRIPT))
+        .arg(dir(2))
+        .output()
+        .expect("run wasmop replay");
+    let replayed = String::from_utf8_lossy(&replay.stdout).to_string()
+        + &String::from_utf8_lossy(&replay.stderr);
+    assert!(
+        replay.status.success() && replayed.contains("parents answered as revision 1"),
+        "{replayed}"
+    );
+
+    for pod in &held_pods {
+        hold(&pods, pod, false).await;
+    }
+    for name in &held_parents {
+        hold(&memcacheds, name, false).await;
+    }
 }

@@ -27,7 +27,12 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::New(args) => new::run(args),
         Command::Test(args) => test::run(args),
         Command::CompilePlugin(args) => {
-            crate::sandbox::serve_compile(args.max_instances).map_err(anyhow::Error::msg)
+            let functions = args
+                .functions
+                .as_deref()
+                .map(|dir| (dir, args.functions_max_bytes));
+            crate::sandbox::serve_compile(args.max_instances, functions, args.out.as_deref())
+                .map_err(anyhow::Error::msg)
         }
     }
 }

@@ -26,8 +26,8 @@ use sha2::{Digest, Sha256};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
-use super::compile::{self, Compiler};
-use super::shared::Vouched;
+use super::compile::{self, Compiler, Compiling};
+use super::shared::{Artifact, Vouched};
 use crate::text::hex;
 
 /// Components kept in memory; older ones are dropped first.
@@ -62,20 +62,11 @@ impl Origin {
     }
 }
 
-/// A component, where it came from, and (when compiled here) its serialised bytes to share.
+/// A component, where it came from, and (when compiled here) its serialised form to share.
 pub(crate) struct Got {
     pub(crate) component: Component,
     pub(crate) origin: Origin,
-    pub(crate) serialized: Option<Vec<u8>>,
-}
-
-/// How this cache compiles what it does not have.
-pub(crate) struct Compiling {
-    pub(crate) compiler: Compiler,
-    /// The engine's pool size, which a child's engine must share.
-    pub(crate) max_instances: u32,
-    /// A child compiling longer is killed.
-    pub(crate) timeout: std::time::Duration,
+    pub(crate) serialized: Option<Artifact>,
 }
 
 /// Where compiled components come from.
@@ -119,12 +110,26 @@ impl ArtifactCache {
         &self.engine
     }
 
+    /// Whether there is a disk cache.
+    pub(crate) fn has_disk(&self) -> bool {
+        self.dir.is_some()
+    }
+
     /// Whether the component for `digest_hex` is here, in memory or on disk, without loading it.
     pub(crate) fn has(&self, digest_hex: &str) -> bool {
         self.lock().map.contains_key(digest_hex)
             || self
                 .paths(digest_hex)
                 .is_some_and(|(a, c)| a.exists() && c.exists())
+    }
+
+    /// Drops the component for `digest_hex` from memory (the disk keeps it): one used once in
+    /// a while need not keep its code mapped in between.
+    pub(crate) fn forget(&self, digest_hex: &str) {
+        let mut memory = self.lock();
+        if memory.map.remove(digest_hex).is_some() {
+            memory.order.retain(|d| d != digest_hex);
+        }
     }
 
     /// The compiled component for `wasm`, whose SHA-256 in hex is `digest_hex`: from memory,
@@ -170,8 +175,7 @@ impl ArtifactCache {
                     serialized: None,
                 },
                 None => {
-                    let serialized = self.compile(engine, &make()?)?;
-                    let component = self.load_bytes(engine, digest_hex, &serialized)?;
+                    let (component, serialized) = self.compile(engine, digest_hex, &make()?)?;
                     Got {
                         component,
                         origin: Origin::Compiled,
@@ -197,17 +201,74 @@ impl ArtifactCache {
         Ok(got)
     }
 
-    /// Compiles `wasm`, here or in a child, into what `Component::serialize` gives.
-    fn compile(&self, engine: &Engine, wasm: &[u8]) -> wasmtime::Result<Vec<u8>> {
+    /// Compiles `wasm`, here or in a child, and loads it. A child writes the artifact
+    /// straight into the disk cache when there is one, so that it never passes through this
+    /// process's heap.
+    fn compile(
+        &self,
+        engine: &Engine,
+        digest_hex: &str,
+        wasm: &[u8],
+    ) -> wasmtime::Result<(Component, Artifact)> {
         let _one = COMPILING.lock().unwrap_or_else(PoisonError::into_inner);
         let c = &self.compiling;
-        match &c.compiler {
-            Compiler::InProcess => engine.precompile_component(wasm),
-            Compiler::Subprocess(program) => {
-                compile::in_child(program, c.max_instances, wasm, c.timeout)
-                    .map_err(wasmtime::Error::msg)
+        let program = match &c.compiler {
+            Compiler::InProcess => {
+                let bytes = engine.precompile_component(wasm);
+                if let Some(functions) = &c.functions {
+                    let (found, compiled) = functions.finish();
+                    tracing::debug!(found, compiled, "functions from the function cache");
+                }
+                let bytes = bytes?;
+                let component = self.load_bytes(engine, digest_hex, &bytes)?;
+                return Ok((component, Artifact::Bytes(bytes)));
+            }
+            Compiler::Subprocess(program) => program,
+        };
+        if let Some(tmp) = self.temp_path(digest_hex) {
+            let compiled = compile::in_child(c, program, wasm, Some(&tmp));
+            if let Err(e) = compiled {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(wasmtime::Error::msg(e));
+            }
+            match self.adopt(digest_hex, &tmp) {
+                Ok(path) => return Ok((map_file(engine, &path)?, Artifact::File(path))),
+                Err(e) => {
+                    tracing::warn!(path = %tmp.display(), error = %e, "cannot keep the artifact in the disk cache");
+                    let bytes = std::fs::read(&tmp);
+                    let _ = std::fs::remove_file(&tmp);
+                    let bytes = bytes?;
+                    let component = self.load_bytes(engine, digest_hex, &bytes)?;
+                    return Ok((component, Artifact::Bytes(bytes)));
+                }
             }
         }
+        let bytes = compile::in_child(c, program, wasm, None).map_err(wasmtime::Error::msg)?;
+        let component = self.load_bytes(engine, digest_hex, &bytes)?;
+        Ok((component, Artifact::Bytes(bytes)))
+    }
+
+    /// A fresh temporary name beside where the artifact `digest_hex` goes, its directory
+    /// made; `None` without a disk cache.
+    fn temp_path(&self, digest_hex: &str) -> Option<PathBuf> {
+        let (artifact, _) = self.paths(digest_hex)?;
+        std::fs::create_dir_all(artifact.parent()?).ok()?;
+        Some(temp_name(&artifact))
+    }
+
+    /// Moves the artifact a child wrote at `tmp` into place, with its checksum; where.
+    fn adopt(&self, digest_hex: &str, tmp: &Path) -> std::io::Result<PathBuf> {
+        let (artifact, checksum) = self
+            .paths(digest_hex)
+            .ok_or_else(|| std::io::Error::other("no disk cache"))?;
+        let mut file = std::fs::File::open(tmp)?;
+        let mut hasher = Sha256::new();
+        std::io::copy(&mut file, &mut hasher)?;
+        file.sync_all()?;
+        std::fs::rename(tmp, &artifact)?;
+        write_atomic(&checksum, hex(&hasher.finalize()).as_bytes())?;
+        self.evict_for(&artifact);
+        Ok(artifact)
     }
 
     /// Loads an artifact this host or a replica produced: kept on disk and mapped from there
@@ -305,9 +366,15 @@ impl ArtifactCache {
         if let Err(e) = &result {
             tracing::warn!(path = %artifact.display(), error = %e, "cannot write the artifact cache");
         }
+        self.evict_for(&artifact);
+        result.ok().map(|()| artifact)
+    }
+
+    /// Keeps the disk cache within its bound, never evicting `artifact`, just written.
+    fn evict_for(&self, artifact: &Path) {
         // `<dir>/components`: older engines' artifacts count too.
         if let Some(root) = artifact.parent().and_then(Path::parent) {
-            let removed = evict(root, self.max_disk_bytes, &artifact);
+            let removed = evict(root, self.max_disk_bytes, artifact);
             if removed > 0 {
                 tracing::info!(
                     removed,
@@ -316,7 +383,6 @@ impl ArtifactCache {
                 );
             }
         }
-        result.ok().map(|()| artifact)
     }
 }
 
@@ -377,12 +443,7 @@ fn evict(root: &Path, max_bytes: u64, keep: &Path) -> usize {
 /// Writes `path` through a uniquely named temporary file and a rename, so readers see the old
 /// file or the whole new one.
 fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let tmp = path.with_extension(format!(
-        "tmp.{}.{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    ));
+    let tmp = temp_name(path);
     let written = std::fs::File::create(&tmp).and_then(|mut f| {
         f.write_all(bytes)?;
         f.sync_all()
@@ -394,6 +455,16 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
             Err(e)
         }
     }
+}
+
+/// A name beside `path` that no other writer in any process uses.
+pub(crate) fn temp_name(path: &Path) -> PathBuf {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    path.with_extension(format!(
+        "tmp.{}.{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    ))
 }
 
 /// A stable name for the engine's compatibility: SHA-256 over the bytes its `Hash` feeds in.

@@ -10,7 +10,10 @@
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use super::functions::FunctionCache;
 
 /// The hidden subcommand a child runs.
 pub const COMPILE_COMMAND: &str = "compile-plugin";
@@ -29,64 +32,96 @@ pub enum Compiler {
     Subprocess(PathBuf),
 }
 
-/// Compiles `wasm` in a child `program`, killed after `timeout`; the child's engine is built
-/// with `max_instances` like the caller's, so what it returns fits the caller's engine.
+/// How a sandbox compiles what its cache lacks.
+pub(crate) struct Compiling {
+    pub(crate) compiler: Compiler,
+    /// The engine's pool size, which a child's engine must share.
+    pub(crate) max_instances: u32,
+    /// A child compiling longer is killed.
+    pub(crate) timeout: Duration,
+    /// Compiled functions, which the engine (or the child's) compiles through.
+    pub(crate) functions: Option<Arc<FunctionCache>>,
+}
+
+/// Compiles `wasm` in a child `program`, killed after `c.timeout`; the child's engine is built
+/// like the caller's (`c.max_instances`, `c.functions`), so what it returns fits the caller's
+/// engine. The artifact comes back as bytes, or is written to `out` when given: a script's
+/// snapshot compiles to 16 MB that need never be in this process's heap.
 pub(crate) fn in_child(
+    c: &Compiling,
     program: &Path,
-    max_instances: u32,
     wasm: &[u8],
-    timeout: Duration,
+    out: Option<&Path>,
 ) -> Result<Vec<u8>, String> {
-    let mut child = Command::new(program)
-        .args([
-            COMPILE_COMMAND,
-            "--max-instances",
-            &max_instances.to_string(),
-        ])
+    let mut cmd = Command::new(program);
+    cmd.args([
+        COMPILE_COMMAND,
+        "--max-instances",
+        &c.max_instances.to_string(),
+    ]);
+    if let Some(functions) = &c.functions {
+        cmd.arg("--functions")
+            .arg(functions.root())
+            .args(["--functions-max-bytes", &functions.max_bytes().to_string()]);
+    }
+    if let Some(out) = out {
+        cmd.arg("--out").arg(out);
+    }
+    let mut child = cmd
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("starting the compiler {}: {e}", program.display()))?;
-    let deadline = Instant::now() + timeout;
-    // Each pipe on its own thread, so a full one never stalls the others.
+    let deadline = Instant::now() + c.timeout;
     let mut stdin = child.stdin.take().expect("piped");
-    let input = wasm.to_vec();
-    let writer = std::thread::spawn(move || stdin.write_all(&input));
     let mut stdout = child.stdout.take().expect("piped");
-    let reader = std::thread::spawn(move || {
-        let mut out = Vec::new();
-        stdout.read_to_end(&mut out).map(|_| out)
-    });
     let mut stderr = child.stderr.take().expect("piped");
-    let errors = std::thread::spawn(move || {
-        let mut out = String::new();
-        let _ = (&mut stderr).take(MAX_ERROR).read_to_string(&mut out);
-        // Drain the rest, so the child never blocks on a full pipe.
-        let _ = std::io::copy(&mut stderr, &mut std::io::sink());
-        out
-    });
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if Instant::now() >= deadline => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!(
-                    "compiling took longer than {timeout:?}; the compiler was stopped"
-                ));
+    // Each pipe on its own thread, so a full one never stalls the others; scoped, so the
+    // module is written from where it lies.
+    let (status, artifact, message) = std::thread::scope(|scope| {
+        let writer = scope.spawn(move || stdin.write_all(wasm));
+        let reader = scope.spawn(move || {
+            let mut out = Vec::new();
+            stdout.read_to_end(&mut out).map(|_| out)
+        });
+        let errors = scope.spawn(move || {
+            let mut out = String::new();
+            let _ = (&mut stderr).take(MAX_ERROR).read_to_string(&mut out);
+            // Drain the rest, so the child never blocks on a full pipe.
+            let _ = std::io::copy(&mut stderr, &mut std::io::sink());
+            out
+        });
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(status)) => break Ok(status),
+                Ok(None) if Instant::now() >= deadline => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break Err(format!(
+                        "compiling took longer than {:?}; the compiler was stopped",
+                        c.timeout
+                    ));
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+                Err(e) => break Err(format!("waiting for the compiler: {e}")),
             }
-            Ok(None) => std::thread::sleep(Duration::from_millis(5)),
-            Err(e) => return Err(format!("waiting for the compiler: {e}")),
-        }
-    };
-    let _ = writer.join();
-    let artifact = reader
-        .join()
+        };
+        let _ = writer.join();
+        let artifact = reader.join();
+        let message = errors.join().unwrap_or_default();
+        (status, artifact, message)
+    });
+    let status = status?;
+    let artifact = artifact
         .map_err(|_| "the compiler's output reader panicked".to_string())?
         .map_err(|e| format!("reading the compiler's output: {e}"))?;
-    let message = errors.join().unwrap_or_default();
-    if !status.success() {
+    if status.success() {
+        // The child's one line on the function cache.
+        if let Some(line) = message.lines().next() {
+            tracing::debug!(compiler = line, "compiled in a child");
+        }
+    } else {
         let message = message.trim();
         return Err(if message.is_empty() {
             format!("the compiler failed ({status})")
@@ -98,8 +133,14 @@ pub(crate) fn in_child(
 }
 
 /// The child's side: reads a module on stdin, compiles it for an engine set up like the
-/// host's, and writes the artifact to stdout. An error goes to stderr, as the error's chain.
-pub fn serve(max_instances: u32) -> Result<(), String> {
+/// host's (through the function cache in `functions`, bounded to the bytes given, when set),
+/// and writes the artifact to `out`, else to stdout. An error goes to stderr, as the error's
+/// chain; on success stderr has one line saying what the function cache gave.
+pub fn serve(
+    max_instances: u32,
+    functions: Option<(&Path, u64)>,
+    out: Option<&Path>,
+) -> Result<(), String> {
     let mut wasm = Vec::new();
     std::io::stdin()
         .take(MAX_INPUT + 1)
@@ -108,12 +149,24 @@ pub fn serve(max_instances: u32) -> Result<(), String> {
     if wasm.len() as u64 > MAX_INPUT {
         return Err(format!("a module larger than {} MiB", MAX_INPUT >> 20));
     }
-    let engine = super::engine::new_engine(max_instances).map_err(|e| e.to_string())?;
+    let functions = functions.map(|(dir, max)| Arc::new(FunctionCache::new(dir, max)));
+    let engine =
+        super::engine::new_engine(max_instances, functions.clone()).map_err(|e| e.to_string())?;
     let artifact = engine
         .precompile_component(&wasm)
         .map_err(|e| super::invoke::error_chain(&e))?;
-    let mut out = std::io::stdout().lock();
-    out.write_all(&artifact)
-        .and_then(|()| out.flush())
-        .map_err(|e| format!("writing the artifact: {e}"))
+    if let Some(functions) = functions {
+        let (found, compiled) = functions.finish();
+        eprintln!("{found} functions from the function cache, {compiled} compiled into it");
+    }
+    match out {
+        Some(path) => std::fs::write(path, &artifact)
+            .map_err(|e| format!("writing the artifact to {}: {e}", path.display())),
+        None => {
+            let mut out = std::io::stdout().lock();
+            out.write_all(&artifact)
+                .and_then(|()| out.flush())
+                .map_err(|e| format!("writing the artifact: {e}"))
+        }
+    }
 }

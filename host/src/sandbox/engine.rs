@@ -15,11 +15,13 @@
 //! used are about the most calls at once plus a few. Containers with a virtual-memory ulimit
 //! need a smaller pool.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use super::error::SandboxError;
+use super::functions::FunctionCache;
 use super::limits::MEMORY_CEILING;
 
 /// How often the epoch advances: the granularity of every deadline.
@@ -38,8 +40,11 @@ pub const KEEP_RESIDENT: usize = 256 << 10;
 /// Freed slots left warm for other plugins before the least recently used is taken over.
 const UNUSED_WARM_SLOTS: u32 = 4;
 
-/// Builds the engine and starts its epoch ticker.
-pub(crate) fn new_engine(max_instances: u32) -> Result<Engine, SandboxError> {
+/// Builds the engine and starts its epoch ticker; it compiles through `functions` when given.
+pub(crate) fn new_engine(
+    max_instances: u32,
+    functions: Option<Arc<FunctionCache>>,
+) -> Result<Engine, SandboxError> {
     let max_instances = max_instances.max(1);
     let mut pool = PoolingAllocationConfig::default();
     pool.total_component_instances(max_instances)
@@ -65,6 +70,11 @@ pub(crate) fn new_engine(max_instances: u32) -> Result<Engine, SandboxError> {
         .wasm_component_model(true)
         .epoch_interruption(true)
         .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    if let Some(functions) = functions {
+        config
+            .enable_incremental_compilation(functions)
+            .map_err(|e| SandboxError::Engine(e.into()))?;
+    }
     let engine = Engine::new(&config).map_err(|e| SandboxError::Engine(e.into()))?;
     start_ticker(&engine)?;
     Ok(engine)

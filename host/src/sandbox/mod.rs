@@ -36,6 +36,7 @@ mod cache;
 mod compile;
 mod engine;
 mod error;
+mod functions;
 mod invoke;
 mod limits;
 mod manifest;
@@ -61,11 +62,13 @@ pub use error::{Call, PluginError, PluginErrorKind, SandboxError, UNKNOWN_PLUGIN
 pub use limits::{Limits, MEMORY_CEILING, MemoryBudget};
 pub use plugin::Plugin;
 pub use script::{Language, TestFile, TestOutcome};
-pub use shared::{ArtifactName, ArtifactStore, SealKey, Sealed, ShortKey, Vouched};
+pub use shared::{Artifact, ArtifactName, ArtifactStore, SealKey, Sealed, ShortKey, Vouched};
 
 use crate::text::hex;
 use bindings::{Plugin as Bindings, PluginPre};
-use cache::{ArtifactCache, Compiling, Origin};
+use cache::{ArtifactCache, Origin};
+use compile::Compiling;
+use functions::FunctionCache;
 use invoke::{CallState, Instantiate, Invocation, error_chain};
 use limits::Shared;
 
@@ -79,6 +82,7 @@ pub struct SandboxConfig {
     /// Default: `$XDG_CACHE_HOME/wasmop`, else `~/.cache/wasmop`, if it can be written to.
     pub cache_dir: Option<PathBuf>,
     /// Bytes the disk cache may hold; the least recently used artifacts are evicted past it.
+    /// Compiled functions (`functions.rs`) may take half as much again.
     /// Default [`crate::config::COMPILE_CACHE_MIB`] MiB.
     pub cache_max_bytes: u64,
     /// Linear memory all calls together may hold, in bytes, whatever each plugin's cap says.
@@ -155,7 +159,11 @@ impl std::fmt::Debug for Sandbox {
 impl Sandbox {
     /// Builds the engine, starts its epoch ticker and links the host functions.
     pub fn new(cfg: SandboxConfig) -> Result<Self, SandboxError> {
-        let engine = engine::new_engine(cfg.max_instances)?;
+        let functions = cfg
+            .cache_dir
+            .as_deref()
+            .map(|dir| Arc::new(FunctionCache::new(dir, cfg.cache_max_bytes / 2)));
+        let engine = engine::new_engine(cfg.max_instances, functions.clone())?;
         let mut linker = Linker::new(&engine);
         wasi::add_to_linker(&mut linker).map_err(|e| SandboxError::Linker(e.into()))?;
         Bindings::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |state| state)
@@ -164,6 +172,7 @@ impl Sandbox {
             compiler: cfg.compiler.clone(),
             max_instances: cfg.max_instances,
             timeout: cfg.compile_timeout,
+            functions,
         };
         let cache = ArtifactCache::new(
             &engine,
@@ -200,18 +209,17 @@ impl Sandbox {
         let _ = self.inner.store.set(store);
     }
 
-    /// An artifact another replica compiled for this module, its MAC checked; `None` when
-    /// there is none, sharing is off, or this host has the module already.
-    async fn shared_artifact(&self, digest_hex: &str) -> Option<Vouched> {
+    /// An artifact another replica compiled under `name`, its MAC checked; `None` when
+    /// there is none, sharing is off, or this host has it already.
+    async fn shared_artifact(&self, name: &ArtifactName) -> Option<Vouched> {
         let store = self.inner.store.get()?;
-        if self.inner.cache.has(digest_hex) {
+        if self.inner.cache.has(&name.digest) {
             return None;
         }
-        let name = self.artifact_name(digest_hex);
-        let both = async { Some((store.key().await?, store.fetch(&name).await?)) };
+        let both = async { Some((store.key().await?, store.fetch(name).await?)) };
         let fetched = tokio::time::timeout(crate::config::ARTIFACT_FETCH_TIMEOUT, both).await;
         let (key, sealed) = fetched.ok().flatten()?;
-        match key.open(&name, sealed) {
+        match key.open(name, sealed) {
             Some(vouched) => Some(vouched),
             None => {
                 tracing::warn!(digest = %name.digest, "a shared compiled artifact fails its MAC; compiling instead");
@@ -220,23 +228,36 @@ impl Sandbox {
         }
     }
 
-    fn artifact_name(&self, digest_hex: &str) -> ArtifactName {
+    /// What the artifact compiled from `digest_hex` is shared as; `source_hex` is the digest
+    /// the plugin's revisions record.
+    fn artifact_name(&self, digest_hex: &str, source_hex: &str) -> ArtifactName {
         ArtifactName {
             engine: self.inner.cache.engine().to_owned(),
             digest: digest_hex.to_owned(),
+            source: source_hex.to_owned(),
         }
     }
 
     /// Publishes what this host compiled, when sharing is on.
-    fn publish(&self, digest_hex: &str, serialized: Vec<u8>) {
+    fn publish(&self, name: ArtifactName, artifact: Artifact) {
         let Some(store) = self.inner.store.get().cloned() else {
             return;
         };
-        let name = self.artifact_name(digest_hex);
         tokio::spawn(async move {
-            if let Some(key) = store.key().await {
-                let sealed = key.seal(&name, serialized);
-                store.publish(name, sealed).await;
+            let Some(key) = store.key().await else {
+                return;
+            };
+            // A snapshot's 16 MB are hashed from their file: off the runtime's threads.
+            let sealed = tokio::task::spawn_blocking(move || {
+                key.seal(&name, artifact).map(|sealed| (name, sealed))
+            })
+            .await;
+            match sealed {
+                Ok(Ok((name, sealed))) => store.publish(name, sealed).await,
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "cannot read a compiled artifact to share it")
+                }
+                Err(e) => tracing::warn!(error = %e, "sealing a compiled artifact"),
             }
         });
     }
@@ -245,20 +266,22 @@ impl Sandbox {
     /// blocking thread, in the caller's tracing span.
     pub async fn load(&self, wasm: Vec<u8>, limits: Limits) -> Result<Plugin, PluginError> {
         let digest = digest_of(&wasm);
-        let digest_hex = digest["sha256:".len()..].to_owned();
-        let shared = self.shared_artifact(&digest_hex).await;
+        let digest_hex = &digest["sha256:".len()..];
+        let name = self.artifact_name(digest_hex, digest_hex);
+        let shared = self.shared_artifact(&name).await;
         let loaded = self
             .off_thread(&digest, move |this| this.load_from(&wasm, limits, shared))
             .await?;
-        if let Some(bytes) = loaded.1 {
-            self.publish(&digest_hex, bytes);
+        if let Some(artifact) = loaded.1 {
+            self.publish(name, artifact);
         }
         Ok(loaded.0)
     }
 
     /// Loads a script plugin: `source`, in `language`, held under the key `file`. The
     /// interpreter runs its top level under `limits` and is snapshotted (see `script.rs`);
-    /// the plugin carries the digest of the script.
+    /// the plugin carries the digest of the script. The compiled snapshot is shared with
+    /// other replicas as a compiled module is, named by the interpreter and the script.
     pub async fn load_script(
         &self,
         language: Language,
@@ -266,13 +289,18 @@ impl Sandbox {
         source: Vec<u8>,
         limits: Limits,
     ) -> Result<Plugin, PluginError> {
-        // Not shared between replicas (see script.rs).
         let digest = digest_of(&source);
-        self.off_thread(&digest, move |this| {
-            this.script_from(language, &file, &source, limits)
-        })
-        .await
-        .map(|(plugin, _)| plugin)
+        let name = self.artifact_name(&language.cache_key(&digest), &digest["sha256:".len()..]);
+        let shared = self.shared_artifact(&name).await;
+        let loaded = self
+            .off_thread(&digest, move |this| {
+                this.script_from(language, &file, &source, limits, shared)
+            })
+            .await?;
+        if let Some(artifact) = loaded.1 {
+            self.publish(name, artifact);
+        }
+        Ok(loaded.0)
     }
 
     /// [`Sandbox::load_script`] on the calling thread.
@@ -283,19 +311,20 @@ impl Sandbox {
         source: &[u8],
         limits: Limits,
     ) -> Result<Plugin, PluginError> {
-        self.script_from(language, file, source, limits)
+        self.script_from(language, file, source, limits, None)
             .map(|(plugin, _, _)| plugin)
     }
 
     /// The compiled snapshot comes from the cache, keyed by the interpreter and the script,
-    /// when it has it: the script's top level then does not run again.
+    /// or from `shared`, when either has it: the script's top level then does not run again.
     fn script_from(
         &self,
         language: Language,
         file: &str,
         source: &[u8],
         limits: Limits,
-    ) -> Result<(Plugin, Origin, Option<Vec<u8>>), PluginError> {
+        shared: Option<Vouched>,
+    ) -> Result<(Plugin, Origin, Option<Artifact>), PluginError> {
         let digest = digest_of(source);
         let fail = |kind| PluginError::new(UNKNOWN_PLUGIN, &digest, kind);
         let text = std::str::from_utf8(source).map_err(|e| {
@@ -304,10 +333,9 @@ impl Sandbox {
             )))
         })?;
         let limits = limits.clamped();
-        let got = self.compiled_script(language, file, text, &digest, &limits)?;
+        let got = self.compiled_script(language, file, text, &digest, &limits, shared)?;
         let plugin = self.finish(got.component, digest.clone(), limits, source.len())?;
-        // Nothing to share (see script.rs).
-        Ok((plugin, got.origin, None))
+        Ok((plugin, got.origin, got.serialized))
     }
 
     /// Runs `job` (a compile and probe) on a blocking thread once a compile slot is free, in
@@ -315,10 +343,10 @@ impl Sandbox {
     async fn off_thread(
         &self,
         digest: &str,
-        job: impl FnOnce(&Sandbox) -> Result<(Plugin, Origin, Option<Vec<u8>>), PluginError>
+        job: impl FnOnce(&Sandbox) -> Result<(Plugin, Origin, Option<Artifact>), PluginError>
         + Send
         + 'static,
-    ) -> Result<(Plugin, Option<Vec<u8>>), PluginError> {
+    ) -> Result<(Plugin, Option<Artifact>), PluginError> {
         let this = self.clone();
         let (dispatch, span) = plugin::current_tracing();
         let fail = |kind| PluginError::new(UNKNOWN_PLUGIN, digest, kind);
@@ -382,7 +410,7 @@ impl Sandbox {
         wasm: &[u8],
         limits: Limits,
         shared: Option<Vouched>,
-    ) -> Result<(Plugin, Origin, Option<Vec<u8>>), PluginError> {
+    ) -> Result<(Plugin, Origin, Option<Artifact>), PluginError> {
         let limits = limits.clamped();
         let digest = digest_of(wasm);
         let digest_hex = &digest["sha256:".len()..];

@@ -10,8 +10,10 @@
 //! into a new component, with the script parsed and frozen in its memory; that component loads
 //! like any compiled plugin, under the script's digest. The cache keeps it compiled under the
 //! interpreter's and the script's digests together, so a load that finds it there runs
-//! nothing of the script. It is not shared with other replicas: compiled, a snapshot is about
-//! 16 MB (5 MB gzipped), more than the ConfigMap a shared artifact is kept in holds.
+//! nothing of the script, and shares it with other replicas under that name (compiled, a
+//! snapshot is about 16 MB, 5 MB gzipped: the store splits it over several ConfigMaps). The
+//! snapshot compiles fast because its functions are the interpreter's, compiled before
+//! (`functions.rs`).
 //!
 //! [`Sandbox::test_script`] runs a script's test files for `wasmop test` on that same snapshot,
 //! each test function in an instance of its own under the plugin's limits.
@@ -32,7 +34,7 @@ use super::cache::Got;
 use super::error::{Call, PluginError, PluginErrorKind, UNKNOWN_PLUGIN};
 use super::invoke::{CallState, error_chain};
 use super::limits::Limits;
-use super::{Sandbox, digest_of};
+use super::{Sandbox, Vouched, digest_of};
 use crate::text::hex;
 
 /// The Starlark interpreter component.
@@ -131,7 +133,8 @@ impl fmt::Display for Language {
 
 impl Sandbox {
     /// The compiled snapshot of the script `source` (its `digest`), from the cache when it
-    /// has one (keyed by [`Language::cache_key`]), else made and compiled.
+    /// has one (keyed by [`Language::cache_key`]) or from `shared` (another replica's), else
+    /// made and compiled.
     pub(crate) fn compiled_script(
         &self,
         language: Language,
@@ -139,12 +142,13 @@ impl Sandbox {
         source: &str,
         digest: &str,
         limits: &Limits,
+        shared: Option<Vouched>,
     ) -> Result<Got, PluginError> {
         let mut refused = None;
         let got = self.inner.cache.get_or_compile_with(
             &self.inner.engine,
             &language.cache_key(digest),
-            None,
+            shared,
             || {
                 self.snapshot(language, file, source, limits)
                     .map(Cow::Owned)
@@ -191,7 +195,8 @@ impl Sandbox {
             .instrument_component(language.interpreter())
             .map_err(|e| internal("instrumenting", &e))?;
         let own = digest_of(&instrumented);
-        let got = self
+        // The component alone: a compile's serialised bytes need not live through the run.
+        let interpreter = self
             .inner
             .cache
             .get_or_compile(
@@ -200,11 +205,12 @@ impl Sandbox {
                 &instrumented,
                 None,
             )
-            .map_err(|e| internal("compiling", &e))?;
+            .map_err(|e| internal("compiling", &e))?
+            .component;
         let pre = self
             .inner
             .linker
-            .instantiate_pre(&got.component)
+            .instantiate_pre(&interpreter)
             .map_err(|e| internal("linking", &e))?;
         let ran = self
             .run_unnamed(&pre, limits, Call::Init, false, |instance, store| {
@@ -225,6 +231,12 @@ impl Sandbox {
                 }
             })
             .map_err(fail)?;
+        // Needed again only for the next version: its code need not stay mapped till then.
+        drop(pre);
+        drop(interpreter);
+        if self.inner.cache.has_disk() {
+            self.inner.cache.forget(&own["sha256:".len()..]);
+        }
         ran.map_err(|message| {
             fail(PluginErrorKind::PluginFailed {
                 call: Call::Init,
@@ -251,7 +263,7 @@ impl Sandbox {
     ) -> Result<Vec<TestOutcome>, PluginError> {
         let limits = limits.clamped();
         let digest = digest_of(source.as_bytes());
-        let got = self.compiled_script(language, file, source, &digest, &limits)?;
+        let got = self.compiled_script(language, file, source, &digest, &limits, None)?;
         let pre = self
             .inner
             .linker

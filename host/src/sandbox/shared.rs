@@ -11,6 +11,9 @@
 //! business (`plugin::artifacts` keeps them in the cluster); the check stays here, beside the
 //! one `unsafe` load.
 
+use std::io::Read;
+use std::path::PathBuf;
+
 use futures::future::BoxFuture;
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
@@ -24,15 +27,53 @@ pub struct ArtifactName {
     /// A stable hash of the engine's compatibility (wasmtime version, target, CPU flags,
     /// tunables), hex.
     pub engine: String,
-    /// The module's SHA-256, hex.
+    /// The module's SHA-256, hex; for a script, its snapshot's cache key (the interpreter's
+    /// and the script's digests together).
     pub digest: String,
+    /// The SHA-256, hex, that the plugin's revisions record: the module's, or the script's.
+    /// Not under the MAC: it says only who owns the stored artifact.
+    pub source: String,
+}
+
+/// A compiled artifact's bytes: in memory, or in the file of the disk cache that holds them
+/// (a script's snapshot compiles to 16 MB, which need not be read into memory to be shared).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Artifact {
+    /// The bytes.
+    Bytes(Vec<u8>),
+    /// A file holding them, never written in place.
+    File(PathBuf),
+}
+
+impl Artifact {
+    /// The bytes, as a stream.
+    pub fn reader(&self) -> std::io::Result<Box<dyn Read + '_>> {
+        Ok(match self {
+            Artifact::Bytes(bytes) => Box::new(bytes.as_slice()),
+            Artifact::File(path) => Box::new(std::fs::File::open(path)?),
+        })
+    }
+
+    /// The bytes, read from the file if they are there.
+    pub fn into_bytes(self) -> std::io::Result<Vec<u8>> {
+        match self {
+            Artifact::Bytes(bytes) => Ok(bytes),
+            Artifact::File(path) => std::fs::read(path),
+        }
+    }
+}
+
+impl From<Vec<u8>> for Artifact {
+    fn from(bytes: Vec<u8>) -> Self {
+        Artifact::Bytes(bytes)
+    }
 }
 
 /// An artifact and the MAC that vouches for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sealed {
     /// What `Component::serialize` produced.
-    pub artifact: Vec<u8>,
+    pub artifact: Artifact,
     /// HMAC-SHA256 over the name and the artifact's SHA-256.
     pub mac: Vec<u8>,
 }
@@ -61,29 +102,40 @@ impl SealKey {
         Ok(SealKey(bytes))
     }
 
-    fn mac(&self, name: &ArtifactName, artifact: &[u8]) -> Hmac<Sha256> {
+    fn mac(&self, name: &ArtifactName, artifact_sha256: &[u8]) -> Hmac<Sha256> {
         let mut mac =
             <Hmac<Sha256> as Mac>::new_from_slice(&self.0).expect("HMAC takes a key of any size");
         for part in [DOMAIN, name.engine.as_bytes(), name.digest.as_bytes()] {
             mac.update(&(part.len() as u64).to_be_bytes());
             mac.update(part);
         }
-        mac.update(&Sha256::digest(artifact));
+        mac.update(artifact_sha256);
         mac
     }
 
-    /// Seals an artifact this host compiled.
-    pub fn seal(&self, name: &ArtifactName, artifact: Vec<u8>) -> Sealed {
-        let mac = self.mac(name, &artifact).finalize().into_bytes().to_vec();
-        Sealed { artifact, mac }
+    /// Seals an artifact this host compiled; fails only when its file cannot be read.
+    pub fn seal(
+        &self,
+        name: &ArtifactName,
+        artifact: impl Into<Artifact>,
+    ) -> std::io::Result<Sealed> {
+        let artifact = artifact.into();
+        let mut hasher = Sha256::new();
+        std::io::copy(&mut artifact.reader()?, &mut hasher)?;
+        let mac = self.mac(name, &hasher.finalize());
+        Ok(Sealed {
+            artifact,
+            mac: mac.finalize().into_bytes().to_vec(),
+        })
     }
 
     /// The artifact, if its MAC is right for `name` (compared in constant time).
     pub fn open(&self, name: &ArtifactName, sealed: Sealed) -> Option<Vouched> {
-        self.mac(name, &sealed.artifact)
+        let bytes = sealed.artifact.into_bytes().ok()?;
+        self.mac(name, &Sha256::digest(&bytes))
             .verify_slice(&sealed.mac)
             .ok()
-            .map(|()| Vouched(sealed.artifact))
+            .map(|()| Vouched(bytes))
     }
 }
 
@@ -119,13 +171,14 @@ mod tests {
         ArtifactName {
             engine: "e1".into(),
             digest: digest.into(),
+            source: digest.into(),
         }
     }
 
     #[test]
     fn only_the_key_and_the_name_it_was_sealed_for_open_an_artifact() {
         let key = SealKey::new(vec![7; 32]).unwrap();
-        let sealed = key.seal(&name("aa"), b"native code".to_vec());
+        let sealed = key.seal(&name("aa"), b"native code".to_vec()).unwrap();
         assert_eq!(
             key.open(&name("aa"), sealed.clone()).unwrap().bytes(),
             b"native code"
@@ -144,17 +197,33 @@ mod tests {
                 .is_none()
         );
         let mut tampered = sealed.clone();
-        tampered.artifact[0] ^= 1;
+        if let Artifact::Bytes(bytes) = &mut tampered.artifact {
+            bytes[0] ^= 1;
+        }
         assert!(key.open(&name("aa"), tampered).is_none());
-        let mut no_mac = sealed;
+        let mut no_mac = sealed.clone();
         no_mac.mac.clear();
         assert!(key.open(&name("aa"), no_mac).is_none());
         // Lengths are framed: moving a byte between engine and digest changes the MAC.
         let moved = ArtifactName {
             engine: "e1a".into(),
             digest: "a".into(),
+            source: "a".into(),
         };
-        assert!(key.open(&moved, key.seal(&name("aa"), vec![1])).is_none());
+        assert!(
+            key.open(&moved, key.seal(&name("aa"), vec![1]).unwrap())
+                .is_none()
+        );
+        // Sealed from the file it lies in, as a script's snapshot is: the same MAC.
+        let file = std::env::temp_dir().join(format!("wasmop-seal-{}", std::process::id()));
+        std::fs::write(&file, b"native code").unwrap();
+        let from_file = key.seal(&name("aa"), Artifact::File(file.clone())).unwrap();
+        assert_eq!(from_file.mac, sealed.mac);
+        assert_eq!(
+            key.open(&name("aa"), from_file).unwrap().bytes(),
+            b"native code"
+        );
+        std::fs::remove_file(file).unwrap();
     }
 
     #[test]

@@ -22,6 +22,8 @@
 //! host's log. A call stack deeper than [`MAX_CALL_STACK`] is an error, so recursion ends
 //! there (the host's deadline and memory cap bound the rest).
 
+mod json;
+
 use std::sync::OnceLock;
 
 use serde::Deserialize;
@@ -139,7 +141,10 @@ fn assertions(builder: &mut GlobalsBuilder) {
             Ok(v) => {
                 let mut got = v.to_repr();
                 if got.len() > 200 {
-                    let cut = (0..=200).rev().find(|&i| got.is_char_boundary(i)).unwrap_or(0);
+                    let cut = (0..=200)
+                        .rev()
+                        .find(|&i| got.is_char_boundary(i))
+                        .unwrap_or(0);
                     got.truncate(cut);
                     got.push_str(" …");
                 }
@@ -186,9 +191,9 @@ impl Reconciler for Interpreter {
         if s.manifest.related.is_empty() {
             return Ok(Vec::new());
         }
-        let out = s.call("related", &parent)?;
+        let (out, _) = s.call("related", &parent)?;
         let selectors: Vec<Selector> =
-            serde_json::from_value(out).map_err(|e| format!("{}: related returned {e}", s.file))?;
+            serde_json::from_str(&out).map_err(|e| format!("{}: related returned {e}", s.file))?;
         Ok(selectors
             .into_iter()
             .map(|s| RelatedSelector {
@@ -201,15 +206,15 @@ impl Reconciler for Interpreter {
 
     fn reconcile(request: String) -> Result<String, String> {
         let s = script();
-        let out = s.call("reconcile", &request)?;
-        if !out.is_object() {
+        let (out, starlark_type) = s.call("reconcile", &request)?;
+        if starlark_type != "dict" {
             return Err(format!(
                 "{}: reconcile returned {}, not a dict such as {{\"children\": [], \"status\": {{}}}}",
                 s.file,
-                kind_of(&out)
+                kind_of(starlark_type)
             ));
         }
-        Ok(out.to_string())
+        Ok(out)
     }
 }
 
@@ -325,26 +330,27 @@ impl Script {
     }
 
     /// Calls the script's function `name` with one argument, `json` decoded; its result as
-    /// JSON.
-    fn call(&self, name: &str, json: &str) -> Result<serde_json::Value, String> {
+    /// JSON text, and the Starlark type it had.
+    fn call(&self, name: &str, json: &str) -> Result<(String, &'static str), String> {
         let file = &self.file;
-        let arg: serde_json::Value =
-            serde_json::from_str(json).map_err(|e| format!("the host sent bad JSON: {e}"))?;
         let function: OwnedFrozenValue = self
             .module
             .get(name)
             .map_err(|_| format!("{file}: {name} is not defined"))?;
         Module::with_temp_heap(|module| {
             let mut eval = evaluator(&module)?;
-            let arg = module.heap().alloc(arg);
+            let arg = json::decode(module.heap(), json)
+                .map_err(|e| format!("the host sent bad JSON: {e}"))?;
             // SAFETY: `owned_frozen_value` makes this call's frozen heap hold the script's, so
             // the value lives as long as the call (and the script, in a static, forever).
             let function = unsafe { function.owned_frozen_value(module.frozen_heap()) }.to_value();
             let out: Value = eval
                 .eval_function(function, &[arg], &[])
                 .map_err(|e| located(file, &e))?;
-            out.to_json_value()
-                .map_err(|e| format!("{file}: {name} returned a value JSON cannot hold: {e}"))
+            let text = out
+                .to_json()
+                .map_err(|e| format!("{file}: {name} returned a value JSON cannot hold: {e}"))?;
+            Ok((text, out.get_type()))
         })
     }
 }
@@ -370,14 +376,15 @@ fn located(file: &str, e: &starlark::Error) -> String {
     format!("{place}: {}", e.without_diagnostic())
 }
 
-fn kind_of(v: &serde_json::Value) -> &'static str {
-    match v {
-        serde_json::Value::Null => "None",
-        serde_json::Value::Bool(_) => "a bool",
-        serde_json::Value::Number(_) => "a number",
-        serde_json::Value::String(_) => "a string",
-        serde_json::Value::Array(_) => "a list",
-        serde_json::Value::Object(_) => "a dict",
+/// How a Starlark type reads in a message.
+fn kind_of(starlark_type: &str) -> String {
+    match starlark_type {
+        "NoneType" => "None".to_owned(),
+        "int" | "float" => "a number".to_owned(),
+        "string" => "a string".to_owned(),
+        "bool" => "a bool".to_owned(),
+        "list" | "tuple" => "a list".to_owned(),
+        other => format!("a {other}"),
     }
 }
 

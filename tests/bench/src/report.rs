@@ -342,7 +342,10 @@ fn single_table(w: &mut String, run: &SingleRun) {
     );
     let _ = writeln!(w);
 
-    if let Some(Some(o)) = ok.get(wasm) {
+    for (who, i) in [("wasmop", wasm), ("wasmop, Starlark", star)] {
+        let Some(Some(o)) = ok.get(i) else {
+            continue;
+        };
         let mut extras = Vec::new();
         if let Some(d) = o.plugin_load {
             extras.push(format!(
@@ -353,7 +356,7 @@ fn single_table(w: &mut String, run: &SingleRun) {
         if let Some(c) = o.steady_calls {
             extras.push(format!(
                 "during the steady window the host made {:.0} plugin calls and answered {:.0} \
-                 resyncs without one (request byte-identical to the last answered)",
+                     resyncs without one (request byte-identical to the last answered)",
                 c.calls, c.skipped
             ));
         }
@@ -369,8 +372,8 @@ fn single_table(w: &mut String, run: &SingleRun) {
             }
             extras.push(format!(
                 "a new pod that compiles had the plugin loaded {} after it started and \
-                 reconciled first at {}; one that takes the shared artifact, at {} and {}, \
-                 with {:.2} s of CPU against {:.2} s, and {:.1} MiB 5 s later ({})",
+                     reconciled first at {}; one that takes the shared artifact, at {} and {}, \
+                     with {:.2} s of CPU against {:.2} s, and {:.1} MiB 5 s later ({})",
                 ms(cold.loaded),
                 ms(cold.first_reconcile),
                 ms(warm.loaded),
@@ -385,19 +388,19 @@ fn single_table(w: &mut String, run: &SingleRun) {
             let floor = o.service_floor.map_or(String::new(), |f| {
                 format!(
                     " — the plane's own floor, the same number of Service applies at the same \
-                     concurrency with no operator, took {:.1} s: {:.2}× the floor",
+                         concurrency with no operator, took {:.1} s: {:.2}× the floor",
                     f.as_secs_f64(),
                     d.as_secs_f64() / f.as_secs_f64().max(1e-3)
                 )
             });
             extras.push(format!(
                 "hot swap to `memcached_v2.wasm`: every parent had its Service {:.1} s after the \
-                 ConfigMap update{floor}",
+                     ConfigMap update{floor}",
                 d.as_secs_f64()
             ));
         }
         if !extras.is_empty() {
-            let _ = writeln!(w, "wasmop: {}.\n", extras.join("; "));
+            let _ = writeln!(w, "{who}: {}.\n", extras.join("; "));
         }
         caches(w, o);
     }

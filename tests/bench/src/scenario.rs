@@ -186,7 +186,7 @@ async fn measure(
     // New pods, as a failover or a rollout starts them: an empty disk cache, first compiling
     // (sharing off), then taking what the first host shared. The second replaces the first
     // host from here on.
-    let new_pods = if who == Contestant::Wasmop && plan.new_pods {
+    let new_pods = if matches!(who, Contestant::Wasmop | Contestant::Starlark) && plan.new_pods {
         procs.clear();
         note!("[{tag}] {}: a new pod that compiles", who.label());
         let (cold, pod) = contestants::new_pod(art, env, &plan.kinds, settings, tag, false).await?;
