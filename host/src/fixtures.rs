@@ -82,3 +82,16 @@ pub fn pod(ns: Option<&str>, name: &str, meta: Value) -> Object {
     }
     Object::from_value(&value).expect("a pod parses")
 }
+
+/// Bytes gzip cannot shrink: a simple xorshift stream.
+pub fn noise(len: usize) -> Vec<u8> {
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}

@@ -431,6 +431,7 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixtures::noise;
 
     fn name() -> ArtifactName {
         ArtifactName {
@@ -438,19 +439,6 @@ mod tests {
             digest: "fedcba9876543210fedc".into(),
             source: "fedcba9876543210fedc".into(),
         }
-    }
-
-    /// Bytes gzip cannot shrink (xorshift).
-    fn noise(len: usize) -> Vec<u8> {
-        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-        (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
     }
 
     #[test]

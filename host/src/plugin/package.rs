@@ -164,20 +164,8 @@ fn gzip(bytes: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixtures::noise;
     use crate::plugin::source;
-
-    /// Bytes gzip cannot shrink: a simple xorshift stream.
-    fn noise(len: usize) -> Vec<u8> {
-        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-        (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
-    }
 
     #[test]
     fn a_script_is_stored_as_text_under_its_file_name_and_read_back() {
