@@ -26,13 +26,38 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Replay(args) => replay::run(args),
         Command::New(args) => new::run(args),
         Command::Test(args) => test::run(args),
-        Command::CompilePlugin(args) => {
-            let functions = args
-                .functions
-                .as_deref()
-                .map(|dir| (dir, args.functions_max_bytes));
-            crate::sandbox::serve_compile(args.max_instances, functions, args.out.as_deref())
-                .map_err(anyhow::Error::msg)
+        Command::CompilePlugin(args) => compile_plugin(&args),
+    }
+}
+
+/// `wasmop compile-plugin`: a script's own fault goes to stdout as JSON, with its own exit
+/// status, for the host to report as it would have in process.
+fn compile_plugin(args: &crate::cli::CompilePluginArgs) -> anyhow::Result<()> {
+    use crate::sandbox::{CompileFailure, CompileOrder, Limits, PLUGIN_FAILED};
+    let limits = Limits {
+        deadline: std::time::Duration::from_millis(args.deadline_ms),
+        memory_bytes: args.memory_bytes,
+        response_bytes: args.response_bytes,
+    };
+    let order = CompileOrder {
+        max_instances: args.max_instances,
+        functions: args
+            .functions
+            .as_deref()
+            .map(|dir| (dir, args.functions_max_bytes)),
+        out: args.out.as_deref(),
+        script: args
+            .script
+            .as_deref()
+            .zip(args.language.as_deref())
+            .map(|(file, language)| (language, file, limits)),
+    };
+    match crate::sandbox::serve_compile(&order) {
+        Ok(()) => Ok(()),
+        Err(CompileFailure::Other(message)) => Err(anyhow::Error::msg(message)),
+        Err(CompileFailure::Plugin(kind)) => {
+            print(&serde_json::to_string(&kind)?)?;
+            std::process::exit(PLUGIN_FAILED)
         }
     }
 }

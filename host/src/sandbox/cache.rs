@@ -26,7 +26,7 @@ use sha2::{Digest, Sha256};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
-use super::compile::{self, Compiler, Compiling};
+use super::compile::{self, Compiler, Compiling, Input};
 use super::shared::{Artifact, Vouched};
 use crate::text::hex;
 
@@ -68,6 +68,9 @@ pub(crate) struct Got {
     pub(crate) origin: Origin,
     pub(crate) serialized: Option<Artifact>,
 }
+
+/// A compile's artifact, and the functions the function cache gave and gained, if there is one.
+pub(crate) type Precompiled = (Vec<u8>, Option<(u64, u64)>);
 
 /// Where compiled components come from.
 pub(crate) struct ArtifactCache {
@@ -142,7 +145,9 @@ impl ArtifactCache {
         wasm: &[u8],
         shared: Option<Vouched>,
     ) -> wasmtime::Result<Got> {
-        self.get_or_compile_with(engine, digest_hex, shared, || Ok(Cow::Borrowed(wasm)))
+        self.get_or_compile_with(engine, digest_hex, shared, || {
+            Ok(Input::Module(Cow::Borrowed(wasm)))
+        })
     }
 
     /// [`Cache::get_or_compile`], making the module with `make` only when it must be
@@ -153,7 +158,7 @@ impl ArtifactCache {
         engine: &Engine,
         digest_hex: &str,
         shared: Option<Vouched>,
-        make: impl FnOnce() -> wasmtime::Result<Cow<'w, [u8]>>,
+        make: impl FnOnce() -> wasmtime::Result<Input<'w>>,
     ) -> wasmtime::Result<Got> {
         if let Some(component) = self.lock().map.get(digest_hex) {
             return Ok(Got {
@@ -201,35 +206,49 @@ impl ArtifactCache {
         Ok(got)
     }
 
-    /// Compiles `wasm`, here or in a child, and loads it. A child writes the artifact
+    /// Whether compiles run in a child, which can then also snapshot a script.
+    pub(crate) fn compiles_in_child(&self) -> bool {
+        matches!(self.compiling.compiler, Compiler::Subprocess(_))
+    }
+
+    /// Compiles `wasm` in this process, through the function cache; with the functions the
+    /// cache gave and those it gained, when there is one.
+    pub(crate) fn precompile(&self, engine: &Engine, wasm: &[u8]) -> wasmtime::Result<Precompiled> {
+        let bytes = engine.precompile_component(wasm);
+        let counts = self.compiling.functions.as_ref().map(|f| f.finish());
+        if let Some((found, compiled)) = counts {
+            tracing::debug!(found, compiled, "functions from the function cache");
+        }
+        Ok((bytes?, counts))
+    }
+
+    /// Compiles `input`, here or in a child, and loads it. A child writes the artifact
     /// straight into the disk cache when there is one, so that it never passes through this
     /// process's heap.
     fn compile(
         &self,
         engine: &Engine,
         digest_hex: &str,
-        wasm: &[u8],
+        input: &Input<'_>,
     ) -> wasmtime::Result<(Component, Artifact)> {
         let _one = COMPILING.lock().unwrap_or_else(PoisonError::into_inner);
         let c = &self.compiling;
-        let program = match &c.compiler {
-            Compiler::InProcess => {
-                let bytes = engine.precompile_component(wasm);
-                if let Some(functions) = &c.functions {
-                    let (found, compiled) = functions.finish();
-                    tracing::debug!(found, compiled, "functions from the function cache");
-                }
-                let bytes = bytes?;
+        let program = match (&c.compiler, input) {
+            (Compiler::InProcess, Input::Module(wasm)) => {
+                let (bytes, _) = self.precompile(engine, wasm)?;
                 let component = self.load_bytes(engine, digest_hex, &bytes)?;
                 return Ok((component, Artifact::Bytes(bytes)));
             }
-            Compiler::Subprocess(program) => program,
+            (Compiler::InProcess, Input::Script(_)) => {
+                wasmtime::bail!("a script is snapshotted here before it is compiled")
+            }
+            (Compiler::Subprocess(program), _) => program,
         };
         if let Some(tmp) = self.temp_path(digest_hex) {
-            let compiled = compile::in_child(c, program, wasm, Some(&tmp));
+            let compiled = compile::in_child(c, program, input, Some(&tmp));
             if let Err(e) = compiled {
                 let _ = std::fs::remove_file(&tmp);
-                return Err(wasmtime::Error::msg(e));
+                return Err(e);
             }
             match self.adopt(digest_hex, &tmp) {
                 Ok(path) => return Ok((map_file(engine, &path)?, Artifact::File(path))),
@@ -243,7 +262,7 @@ impl ArtifactCache {
                 }
             }
         }
-        let bytes = compile::in_child(c, program, wasm, None).map_err(wasmtime::Error::msg)?;
+        let bytes = compile::in_child(c, program, input, None)?;
         let component = self.load_bytes(engine, digest_hex, &bytes)?;
         Ok((component, Artifact::Bytes(bytes)))
     }

@@ -5,7 +5,10 @@
 //! allocator keeps afterwards, fragmented over the compiler's threads. In a child, that memory
 //! goes back to the system when it exits, and a compile past its deadline is killed instead of
 //! running on in a background thread. The child builds its engine with the host's settings and
-//! hands back what `Engine::precompile_component` produced, on stdout; errors come on stderr.
+//! hands back what `Engine::precompile_component` produced, on stdout or in a file; errors come
+//! on stderr. A script's child also runs the script and snapshots it first (`script.rs`), so
+//! the interpreter, the script's top level and the snapshot never touch the host's memory; a
+//! fault of the script comes back as JSON on stdout with the exit status [`PLUGIN_FAILED`].
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -13,7 +16,11 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::error::{PluginError, PluginErrorKind, UNKNOWN_PLUGIN};
 use super::functions::FunctionCache;
+use super::limits::Limits;
+use super::script::Language;
+use super::{Sandbox, SandboxConfig};
 
 /// The hidden subcommand a child runs.
 pub const COMPILE_COMMAND: &str = "compile-plugin";
@@ -21,6 +28,8 @@ pub const COMPILE_COMMAND: &str = "compile-plugin";
 const MAX_INPUT: u64 = 64 << 20;
 /// An error message kept from the child's stderr.
 const MAX_ERROR: u64 = 16 << 10;
+/// The exit status of a child whose script failed; stdout then holds the fault as JSON.
+pub const PLUGIN_FAILED: i32 = 3;
 
 /// How a sandbox compiles modules.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -43,22 +52,61 @@ pub(crate) struct Compiling {
     pub(crate) functions: Option<Arc<FunctionCache>>,
 }
 
-/// Compiles `wasm` in a child `program`, killed after `c.timeout`; the child's engine is built
+/// What a compile starts from.
+pub(crate) enum Input<'w> {
+    /// A component.
+    Module(std::borrow::Cow<'w, [u8]>),
+    /// A script, which a child compiler runs and snapshots before it compiles the snapshot.
+    Script(Script<'w>),
+}
+
+/// A script for a child to snapshot: the key that holds it (`file`), its text, and the limits
+/// its top level runs under.
+pub(crate) struct Script<'w> {
+    pub(crate) language: Language,
+    pub(crate) file: &'w str,
+    pub(crate) source: &'w str,
+    pub(crate) limits: Limits,
+}
+
+/// Compiles `input` in a child `program`, killed after `c.timeout`; the child's engine is built
 /// like the caller's (`c.max_instances`, `c.functions`), so what it returns fits the caller's
 /// engine. The artifact comes back as bytes, or is written to `out` when given: a script's
-/// snapshot compiles to 16 MB that need never be in this process's heap.
+/// snapshot compiles to 16 MB that need never be in this process's heap. A script's own
+/// fault comes back as a [`PluginError`] inside the error.
 pub(crate) fn in_child(
     c: &Compiling,
     program: &Path,
-    wasm: &[u8],
+    input: &Input<'_>,
     out: Option<&Path>,
-) -> Result<Vec<u8>, String> {
+) -> wasmtime::Result<Vec<u8>> {
     let mut cmd = Command::new(program);
     cmd.args([
         COMPILE_COMMAND,
         "--max-instances",
         &c.max_instances.to_string(),
     ]);
+    let stdin_bytes: &[u8] = match input {
+        Input::Module(wasm) => wasm,
+        Input::Script(script) => {
+            cmd.args([
+                "--script",
+                script.file,
+                "--language",
+                script.language.name(),
+            ])
+            .args([
+                "--deadline-ms",
+                &script.limits.deadline.as_millis().to_string(),
+            ])
+            .args(["--memory-bytes", &script.limits.memory_bytes.to_string()])
+            .args([
+                "--response-bytes",
+                &script.limits.response_bytes.to_string(),
+            ]);
+            script.source.as_bytes()
+        }
+    };
     if let Some(functions) = &c.functions {
         cmd.arg("--functions")
             .arg(functions.root())
@@ -72,7 +120,7 @@ pub(crate) fn in_child(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("starting the compiler {}: {e}", program.display()))?;
+        .map_err(|e| wasmtime::format_err!("starting the compiler {}: {e}", program.display()))?;
     let deadline = Instant::now() + c.timeout;
     let mut stdin = child.stdin.take().expect("piped");
     let mut stdout = child.stdout.take().expect("piped");
@@ -80,7 +128,7 @@ pub(crate) fn in_child(
     // Each pipe on its own thread, so a full one never stalls the others; scoped, so the
     // module is written from where it lies.
     let (status, artifact, message) = std::thread::scope(|scope| {
-        let writer = scope.spawn(move || stdin.write_all(wasm));
+        let writer = scope.spawn(move || stdin.write_all(stdin_bytes));
         let reader = scope.spawn(move || {
             let mut out = Vec::new();
             stdout.read_to_end(&mut out).map(|_| out)
@@ -112,10 +160,20 @@ pub(crate) fn in_child(
         let message = errors.join().unwrap_or_default();
         (status, artifact, message)
     });
-    let status = status?;
+    let status = status.map_err(wasmtime::Error::msg)?;
     let artifact = artifact
-        .map_err(|_| "the compiler's output reader panicked".to_string())?
-        .map_err(|e| format!("reading the compiler's output: {e}"))?;
+        .map_err(|_| wasmtime::Error::msg("the compiler's output reader panicked"))?
+        .map_err(|e| wasmtime::format_err!("reading the compiler's output: {e}"))?;
+    if status.code() == Some(PLUGIN_FAILED) {
+        let kind = serde_json::from_slice::<PluginErrorKind>(&artifact).map_err(|e| {
+            wasmtime::format_err!("the compiler's account of a script's fault is not JSON: {e}")
+        })?;
+        return Err(wasmtime::Error::new(PluginError::new(
+            UNKNOWN_PLUGIN,
+            "",
+            kind,
+        )));
+    }
     if status.success() {
         // The child's one line on the function cache.
         if let Some(line) = message.lines().next() {
@@ -124,49 +182,101 @@ pub(crate) fn in_child(
     } else {
         let message = message.trim();
         return Err(if message.is_empty() {
-            format!("the compiler failed ({status})")
+            wasmtime::format_err!("the compiler failed ({status})")
         } else {
-            message.to_owned()
+            wasmtime::Error::msg(message.to_owned())
         });
     }
     Ok(artifact)
 }
 
-/// The child's side: reads a module on stdin, compiles it for an engine set up like the
-/// host's (through the function cache in `functions`, bounded to the bytes given, when set),
-/// and writes the artifact to `out`, else to stdout. An error goes to stderr, as the error's
-/// chain; on success stderr has one line saying what the function cache gave.
-pub fn serve(
-    max_instances: u32,
-    functions: Option<(&Path, u64)>,
-    out: Option<&Path>,
-) -> Result<(), String> {
-    let mut wasm = Vec::new();
+/// What a child is asked to make: its engine's settings, where it writes, and the script, if
+/// it is one (its language, the key that holds it, and the limits its top level runs under).
+pub struct Order<'a> {
+    /// The host's pool size.
+    pub max_instances: u32,
+    /// The host's cache directory and what its `functions.pack` may hold.
+    pub functions: Option<(&'a Path, u64)>,
+    /// Where the artifact goes; stdout when `None`.
+    pub out: Option<&'a Path>,
+    /// A script to run and snapshot first; stdin then holds its text.
+    pub script: Option<(&'a str, &'a str, Limits)>,
+}
+
+/// Why a child failed: a script's own fault (for [`PLUGIN_FAILED`]), or anything else.
+#[derive(Debug)]
+pub enum Failure {
+    /// The script failed to load (a syntax error, a top level past its limits); as JSON on
+    /// stdout, so the host reports it as it would have in process.
+    Plugin(PluginErrorKind),
+    /// The child itself failed; a message for stderr.
+    Other(String),
+}
+
+/// The child's side: reads a module (or a script's text) on stdin, compiles it for an engine
+/// set up like the host's (through the function cache in `functions`, bounded to the bytes
+/// given, when set), and writes the artifact to `out`, else to stdout. On success stderr has
+/// one line saying what the function cache gave.
+pub fn serve(order: &Order<'_>) -> Result<(), Failure> {
+    let other = Failure::Other;
+    let mut input = Vec::new();
     std::io::stdin()
         .take(MAX_INPUT + 1)
-        .read_to_end(&mut wasm)
-        .map_err(|e| format!("reading the module: {e}"))?;
-    if wasm.len() as u64 > MAX_INPUT {
-        return Err(format!("a module larger than {} MiB", MAX_INPUT >> 20));
+        .read_to_end(&mut input)
+        .map_err(|e| other(format!("reading the module: {e}")))?;
+    if input.len() as u64 > MAX_INPUT {
+        return Err(other(format!(
+            "an input larger than {} MiB",
+            MAX_INPUT >> 20
+        )));
     }
-    let functions = functions.map(|(dir, max)| Arc::new(FunctionCache::new(dir, max)));
-    let engine =
-        super::engine::new_engine(max_instances, functions.clone()).map_err(|e| e.to_string())?;
-    let artifact = engine
-        .precompile_component(&wasm)
-        .map_err(|e| super::invoke::error_chain(&e))?;
-    if let Some(functions) = functions {
-        let (found, compiled) = functions.finish();
+    let (artifact, counts) = match order.script {
+        None => {
+            let functions = order
+                .functions
+                .map(|(dir, max)| Arc::new(FunctionCache::new(dir, max)));
+            let engine = super::engine::new_engine(order.max_instances, functions.clone())
+                .map_err(|e| other(e.to_string()))?;
+            let artifact = engine
+                .precompile_component(&input)
+                .map_err(|e| other(super::invoke::error_chain(&e)))?;
+            (artifact, functions.map(|f| f.finish()))
+        }
+        Some((language, file, limits)) => {
+            let language = Language::named(language)
+                .ok_or_else(|| other(format!("no script language {language:?}")))?;
+            let source = String::from_utf8(input)
+                .map_err(|e| other(format!("{file} is not UTF-8 text: {e}")))?;
+            let sandbox = Sandbox::new(SandboxConfig {
+                max_instances: order.max_instances,
+                cache_dir: order.functions.map(|(dir, _)| dir.to_path_buf()),
+                cache_max_bytes: order.functions.map_or(0, |(_, max)| max.saturating_mul(2)),
+                memory_budget: crate::config::SANDBOX_MEMORY_MIB << 20,
+                compile_timeout: crate::config::COMPILE_TIMEOUT,
+                compiler: Compiler::InProcess,
+            })
+            .map_err(|e| other(format!("{e:#}")))?;
+            let wasm = sandbox
+                .snapshot(language, file, &source, &limits)
+                .map_err(|e| Failure::Plugin(e.kind))?;
+            sandbox
+                .inner
+                .cache
+                .precompile(&sandbox.inner.engine, &wasm)
+                .map_err(|e| other(super::invoke::error_chain(&e)))?
+        }
+    };
+    if let Some((found, compiled)) = counts {
         eprintln!("{found} functions from the function cache, {compiled} compiled into it");
     }
-    match out {
+    match order.out {
         Some(path) => std::fs::write(path, &artifact)
-            .map_err(|e| format!("writing the artifact to {}: {e}", path.display())),
+            .map_err(|e| other(format!("writing the artifact to {}: {e}", path.display()))),
         None => {
             let mut out = std::io::stdout().lock();
             out.write_all(&artifact)
                 .and_then(|()| out.flush())
-                .map_err(|e| format!("writing the artifact: {e}"))
+                .map_err(|e| other(format!("writing the artifact: {e}")))
         }
     }
 }

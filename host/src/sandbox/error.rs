@@ -9,7 +9,7 @@ use std::fmt;
 use std::time::Duration;
 
 /// The export of the `reconciler` interface a call went to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Call {
     /// `manifest()`, called once when the plugin loads.
     Manifest,
@@ -95,8 +95,8 @@ impl PluginError {
     }
 }
 
-/// What went wrong in a plugin.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What went wrong in a plugin. It crosses from a child that snapshots a script as JSON.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum PluginErrorKind {
     /// The guest trapped: a panic, `unreachable`, a stack overflow, an out-of-bounds access.
     Trap {

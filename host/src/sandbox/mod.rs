@@ -56,7 +56,10 @@ use tokio::sync::Semaphore;
 use wasmtime::Engine;
 use wasmtime::component::{Component, HasSelf, Linker};
 
-pub use compile::{COMPILE_COMMAND, Compiler, serve as serve_compile};
+pub use compile::{
+    COMPILE_COMMAND, Compiler, Failure as CompileFailure, Order as CompileOrder, PLUGIN_FAILED,
+    serve as serve_compile,
+};
 pub use engine::KEEP_RESIDENT;
 pub use error::{Call, PluginError, PluginErrorKind, SandboxError, UNKNOWN_PLUGIN};
 pub use limits::{Limits, MEMORY_CEILING, MemoryBudget};

@@ -13,7 +13,9 @@
 //! nothing of the script, and shares it with other replicas under that name (compiled, a
 //! snapshot is about 16 MB, 5 MB gzipped: the store splits it over several ConfigMaps). The
 //! snapshot compiles fast because its functions are the interpreter's, compiled before
-//! (`functions.rs`).
+//! (`functions.rs`). With a child compiler (`wasmop run`), the child does all of this and
+//! hands back the compiled snapshot (`compile.rs`), so the interpreter, the script's top level
+//! and the snapshot's bytes stay out of the host's memory.
 //!
 //! [`Sandbox::test_script`] runs a script's test files for `wasmop test` on that same snapshot,
 //! each test function in an instance of its own under the plugin's limits.
@@ -31,6 +33,7 @@ use wasmtime::component::{Instance, WasmList};
 use wasmtime_wizer::{ComponentInstanceState, Wizer};
 
 use super::cache::Got;
+use super::compile::{self, Input};
 use super::error::{Call, PluginError, PluginErrorKind, UNKNOWN_PLUGIN};
 use super::invoke::{CallState, error_chain};
 use super::limits::Limits;
@@ -99,6 +102,18 @@ impl Language {
         key.ends_with(".star").then_some(Self::Starlark)
     }
 
+    /// The language's name, as a child compiler is told it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Starlark => "starlark",
+        }
+    }
+
+    /// The language [`Language::name`] gives `name`.
+    pub fn named(name: &str) -> Option<Self> {
+        (name == "starlark").then_some(Self::Starlark)
+    }
+
     fn interpreter(self) -> &'static [u8] {
         match self {
             Self::Starlark => STARLARK,
@@ -144,29 +159,31 @@ impl Sandbox {
         limits: &Limits,
         shared: Option<Vouched>,
     ) -> Result<Got, PluginError> {
-        let mut refused = None;
         let got = self.inner.cache.get_or_compile_with(
             &self.inner.engine,
             &language.cache_key(digest),
             shared,
             || {
+                if self.inner.cache.compiles_in_child() {
+                    return Ok(Input::Script(compile::Script {
+                        language,
+                        file,
+                        source,
+                        limits: *limits,
+                    }));
+                }
                 self.snapshot(language, file, source, limits)
-                    .map(Cow::Owned)
-                    .map_err(|e| {
-                        refused = Some(e);
-                        wasmtime::format_err!("the snapshot failed")
-                    })
+                    .map(|wasm| Input::Module(Cow::Owned(wasm)))
+                    .map_err(wasmtime::Error::new)
             },
         );
-        match (got, refused) {
-            (_, Some(e)) => Err(e),
-            (Ok(got), None) => Ok(got),
-            (Err(e), None) => Err(PluginError::new(
-                UNKNOWN_PLUGIN,
-                digest,
-                PluginErrorKind::NotAComponent(error_chain(&e)),
-            )),
-        }
+        got.map_err(|e| {
+            let kind = match e.downcast_ref::<PluginError>() {
+                Some(refused) => refused.kind.clone(),
+                None => PluginErrorKind::NotAComponent(error_chain(&e)),
+            };
+            PluginError::new(UNKNOWN_PLUGIN, digest, kind)
+        })
     }
 
     /// The component that runs `source`, a script in `language` named `file`: the

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use wasmop::sandbox::{
-    Call, Language, Limits, Plugin, PluginError, PluginErrorKind, TestFile, TestOutcome,
+    Call, Compiler, Language, Limits, Plugin, PluginError, PluginErrorKind, Sandbox, SandboxConfig,
+    TestFile, TestOutcome,
 };
 use wasmop_contract::wire::WireRequest;
 
@@ -473,4 +474,64 @@ fn a_cached_snapshot_does_not_run_the_script_again() {
         ),
         "{other}"
     );
+}
+
+#[test]
+fn a_child_compiler_runs_the_script_there_and_its_faults_come_back_as_in_process() {
+    let dir = std::env::temp_dir().join(format!("wasmop-script-child-{}", std::process::id()));
+    let child = Sandbox::new(SandboxConfig {
+        max_instances: 2,
+        cache_dir: Some(dir.clone()),
+        compiler: Compiler::Subprocess(env!("CARGO_BIN_EXE_wasmop").into()),
+        ..SandboxConfig::default()
+    })
+    .unwrap();
+    let load_with = |source: &str, limits| {
+        child.load_script_blocking(Language::Starlark, "plugin.star", source.as_bytes(), limits)
+    };
+    let load = |source: &str| load_with(source, LIMITS);
+    let plugin = load(MEMCACHED_STAR).expect("the child snapshots and compiles the script");
+    let here = script(MEMCACHED_STAR).unwrap();
+    for request in corpus().iter().take(20) {
+        assert_eq!(
+            plugin.reconcile_blocking(request).unwrap(),
+            here.reconcile_blocking(request).unwrap()
+        );
+    }
+
+    let fault = |source: &str| load(source).expect_err("the script should not load").kind;
+    match fault("MANIFEST = {\n\"name\": \"x\",\n  def\n}\n") {
+        PluginErrorKind::PluginFailed { call, message } => {
+            assert_eq!(call, Call::Init);
+            assert!(message.starts_with("plugin.star:3:"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let endless = fault("for i in range(1 << 30):\n    for j in range(1 << 30):\n        pass\n");
+    assert_eq!(
+        endless,
+        PluginErrorKind::DeadlineExceeded {
+            call: Call::Init,
+            limit: LIMITS.deadline
+        }
+    );
+    // Time enough that only the cap can stop it, on a busy machine too.
+    let patient = Limits {
+        deadline: Duration::from_secs(10),
+        ..LIMITS
+    };
+    let hog = load_with(
+        "kept = []\nfor i in range(1 << 20):\n    kept.append(\"x\" * (1 << 20))\n",
+        patient,
+    )
+    .expect_err("the script should not load")
+    .kind;
+    assert_eq!(
+        hog,
+        PluginErrorKind::MemoryCap {
+            call: Call::Init,
+            limit: LIMITS.memory_bytes
+        }
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
