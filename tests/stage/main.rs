@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::events::Reporter;
 use serde_json::json;
 use wasmop::client::Fence;
@@ -314,11 +314,32 @@ async fn a_plugin_whose_parent_kind_went_is_reported_and_runs_again_when_it_is_b
     })
     .await
     .unwrap();
+    // The kind stops being served before the CRD is gone: one applied before that would be
+    // the terminating one, removed under it.
+    testenv::wait_for("the CRD to be gone", TIMEOUT, || async {
+        match crds.get_opt(crd_name).await {
+            Ok(found) => Ok(found.is_none().then_some(())),
+            Err(e) => Err(e.to_string()),
+        }
+    })
+    .await
+    .unwrap();
     // The registry pauses it so; it starts again once the kind is served.
     stage.supervisor.stop("cluster").await;
     testenv::apply_objects(&stage.env.client, vec![crd], "stage")
         .await
         .unwrap();
+    testenv::wait_for("the kind to be served again", TIMEOUT, || async {
+        Ok::<_, String>(
+            probes
+                .list(&ListParams::default().limit(1))
+                .await
+                .ok()
+                .map(|_| ()),
+        )
+    })
+    .await
+    .unwrap();
     stage.supervisor.run("cluster", loaded, kinds).await;
     // The CRD took its objects with it; a new one is reconciled by the new run.
     let second = format!("{}-two", stage.env.name());
