@@ -33,7 +33,9 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
 /// `wasmop compile-plugin`: a script's own fault goes to stdout as JSON, with its own exit
 /// status, for the host to report as it would have in process.
 fn compile_plugin(args: &crate::cli::CompilePluginArgs) -> anyhow::Result<()> {
-    use crate::sandbox::{CompileFailure, CompileOrder, Limits, PLUGIN_FAILED};
+    use crate::sandbox::{
+        CompileFailure, CompileOrder, Language, Limits, PLUGIN_FAILED, ScriptOrder,
+    };
     let limits = Limits {
         deadline: std::time::Duration::from_millis(args.deadline_ms),
         memory_bytes: args.memory_bytes,
@@ -46,11 +48,15 @@ fn compile_plugin(args: &crate::cli::CompilePluginArgs) -> anyhow::Result<()> {
             .as_deref()
             .map(|dir| (dir, args.functions_max_bytes)),
         out: args.out.as_deref(),
-        script: args
-            .script
-            .as_deref()
-            .zip(args.language.as_deref())
-            .map(|(file, language)| (language, file, limits)),
+        script: match (&args.script, &args.language) {
+            (Some(file), Some(language)) => Some(ScriptOrder {
+                language: Language::named(language)
+                    .ok_or_else(|| anyhow::anyhow!("no script language {language:?}"))?,
+                file,
+                limits,
+            }),
+            _ => None,
+        },
     };
     match crate::sandbox::serve_compile(&order) {
         Ok(()) => Ok(()),

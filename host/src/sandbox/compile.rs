@@ -200,7 +200,17 @@ pub struct Order<'a> {
     /// Where the artifact goes; stdout when `None`.
     pub out: Option<&'a Path>,
     /// A script to run and snapshot first; stdin then holds its text.
-    pub script: Option<(&'a str, &'a str, Limits)>,
+    pub script: Option<ScriptOrder<'a>>,
+}
+
+/// The script a child runs and snapshots before it compiles.
+pub struct ScriptOrder<'a> {
+    /// Its language.
+    pub language: Language,
+    /// The key that holds it, as its errors name it.
+    pub file: &'a str,
+    /// The limits its top level runs under.
+    pub limits: Limits,
 }
 
 /// Why a child failed: a script's own fault (for [`PLUGIN_FAILED`]), or anything else.
@@ -223,14 +233,14 @@ pub fn serve(order: &Order<'_>) -> Result<(), Failure> {
     std::io::stdin()
         .take(MAX_INPUT + 1)
         .read_to_end(&mut input)
-        .map_err(|e| other(format!("reading the module: {e}")))?;
+        .map_err(|e| other(format!("reading the input: {e}")))?;
     if input.len() as u64 > MAX_INPUT {
         return Err(other(format!(
             "an input larger than {} MiB",
             MAX_INPUT >> 20
         )));
     }
-    let (artifact, counts) = match order.script {
+    let (artifact, counts) = match &order.script {
         None => {
             let functions = order
                 .functions
@@ -242,9 +252,11 @@ pub fn serve(order: &Order<'_>) -> Result<(), Failure> {
                 .map_err(|e| other(super::invoke::error_chain(&e)))?;
             (artifact, functions.map(|f| f.finish()))
         }
-        Some((language, file, limits)) => {
-            let language = Language::named(language)
-                .ok_or_else(|| other(format!("no script language {language:?}")))?;
+        Some(ScriptOrder {
+            language,
+            file,
+            limits,
+        }) => {
             let source = String::from_utf8(input)
                 .map_err(|e| other(format!("{file} is not UTF-8 text: {e}")))?;
             let sandbox = Sandbox::new(SandboxConfig {
@@ -257,7 +269,7 @@ pub fn serve(order: &Order<'_>) -> Result<(), Failure> {
             })
             .map_err(|e| other(format!("{e:#}")))?;
             let wasm = sandbox
-                .snapshot(language, file, &source, &limits)
+                .snapshot(*language, file, &source, limits)
                 .map_err(|e| Failure::Plugin(e.kind))?;
             sandbox
                 .inner

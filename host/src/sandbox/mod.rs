@@ -58,7 +58,7 @@ use wasmtime::component::{Component, HasSelf, Linker};
 
 pub use compile::{
     COMPILE_COMMAND, Compiler, Failure as CompileFailure, Order as CompileOrder, PLUGIN_FAILED,
-    serve as serve_compile,
+    ScriptOrder, serve as serve_compile,
 };
 pub use engine::KEEP_RESIDENT;
 pub use error::{Call, PluginError, PluginErrorKind, SandboxError, UNKNOWN_PLUGIN};
