@@ -41,6 +41,9 @@ pub enum Command {
     /// Run a build on captured requests and print how its answers differ; non-zero exit when
     /// any does.
     Replay(ReplayArgs),
+    /// Push a plugin module to an OCI registry as a wasm artifact, after checking that it
+    /// loads, and print the reference pinned to the digest it was stored under.
+    Push(PushArgs),
     /// Show and steer how a plugin's revisions go live: status, history, diff, undo, promote,
     /// abort.
     Rollout(RolloutArgs),
@@ -363,6 +366,20 @@ pub struct PackageArgs {
     /// Settings handed to every reconcile (YAML), stored as `settings.yaml`.
     #[arg(long)]
     pub settings: Option<PathBuf>,
+}
+
+/// `wasmop push`.
+#[derive(Debug, Args)]
+pub struct PushArgs {
+    /// The plugin module (`.wasm`).
+    pub plugin: PathBuf,
+    /// Where to: `oci://REGISTRY/REPOSITORY[:TAG]` (a registry on loopback is spoken to over
+    /// HTTP, any other over HTTPS).
+    pub reference: String,
+    /// A Docker config (`~/.docker/config.json`, or a `.dockerconfigjson`) whose entry for the
+    /// registry holds the credentials.
+    #[arg(long)]
+    pub docker_config: Option<PathBuf>,
 }
 
 /// `wasmop rbac`.

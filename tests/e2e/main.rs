@@ -17,6 +17,7 @@ mod leader;
 mod memcached;
 mod quiet;
 mod reads;
+mod registry;
 mod rollout;
 mod scripts;
 mod sources;

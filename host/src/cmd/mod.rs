@@ -4,6 +4,7 @@ pub mod capture;
 pub mod inspect;
 pub mod new;
 pub mod package;
+pub mod push;
 pub mod rbac;
 pub mod render;
 pub mod replay;
@@ -20,6 +21,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Render(args) => render::run(args),
         Command::Inspect(args) => inspect::run(args),
         Command::Package(args) => package::run(args),
+        Command::Push(args) => push::run(args),
         Command::Rbac(args) => rbac::run(args),
         Command::Rollout(args) => rollout::run(args),
         Command::Capture(args) => capture::run(args),

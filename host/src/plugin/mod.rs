@@ -10,6 +10,7 @@ pub mod artifacts;
 pub mod identity;
 pub mod load;
 pub mod notice;
+pub mod oci;
 pub mod offline;
 pub mod package;
 pub mod rbac;

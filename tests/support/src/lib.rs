@@ -2,6 +2,8 @@
 //! control plane, a test's own namespace, the CRDs, plugin ConfigMaps, Memcached objects, and
 //! the host as a real process ([`Host::build`]).
 
+pub mod registry;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
