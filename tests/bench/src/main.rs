@@ -52,7 +52,7 @@ use crate::scenario::Plan;
     about = "wasmop against Go controller-runtime and native kube-rs"
 )]
 struct Args {
-    /// CI mode: 20 objects, default client limits only, a 30 s steady window, 10 objects per
+    /// CI mode: 20 objects, default client limits only, a 15 s steady window, 10 objects per
     /// kind in the many-operators run.
     #[arg(long)]
     quick: bool,
@@ -62,7 +62,7 @@ struct Args {
     /// Parents reconciled at once, the same for every operator.
     #[arg(long, default_value_t = 4)]
     concurrency: usize,
-    /// Length of the steady-state window [default: 60 s, or 30 s with --quick].
+    /// Length of the steady-state window [default: 60 s, or 15 s with --quick].
     #[arg(long)]
     steady_seconds: Option<u64>,
     /// Kinds in the many-operators run.
@@ -211,7 +211,7 @@ async fn run(args: Args) -> Result<Report> {
     let steady =
         Duration::from_secs(
             args.steady_seconds
-                .unwrap_or(if args.quick { 30 } else { 60 }),
+                .unwrap_or(if args.quick { 15 } else { 60 }),
         );
     let per_kind = args.per_kind.unwrap_or(if args.quick { 10 } else { 100 });
     let many_kinds: Vec<Kind> = (0..args.kinds).map(Kind::bench).collect();
