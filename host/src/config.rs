@@ -125,6 +125,9 @@ pub const KIND_RETRY: Duration = Duration::from_secs(5);
 
 /// How often a plugin the host may not serve (missing RBAC) is checked again.
 pub const ACCESS_RETRY: Duration = Duration::from_secs(30);
+/// How soon a version whose registry was down, slow or refused its pull Secret is fetched
+/// again; the version before it keeps running meanwhile.
+pub const REGISTRY_RETRY: Duration = Duration::from_secs(10);
 
 /// Where `/healthz` and `/readyz` are served (`--probe-addr`).
 pub const PROBE_ADDR: &str = "0.0.0.0:8081";

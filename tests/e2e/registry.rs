@@ -77,8 +77,10 @@ async fn every_answer_is_bounded_and_checked() {
         .pull(&pinned)
         .await
         .unwrap_err();
+    // (From the manifest's descriptor, not the blob's Content-Length: its message names the layer.)
     assert!(
-        matches!(err, OciError::TooLarge { size: Some(s), .. } if s == module.len() as u64),
+        matches!(&err, OciError::TooLarge { size: Some(s), what, .. }
+            if *s == module.len() as u64 && what.starts_with("the module layer")),
         "{err}"
     );
 
@@ -118,4 +120,118 @@ async fn every_answer_is_bounded_and_checked() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains(&registry.addr), "{err}");
+}
+
+/// `wasm` with `pad` bytes of noise in a custom section at its end: the same component, which
+/// no gzip can shrink into a ConfigMap.
+fn padded(wasm: &[u8], pad: usize) -> Vec<u8> {
+    fn leb(mut n: usize, out: &mut Vec<u8>) {
+        loop {
+            let byte = (n & 0x7f) as u8;
+            n >>= 7;
+            if n == 0 {
+                out.push(byte);
+                return;
+            }
+            out.push(byte | 0x80);
+        }
+    }
+    let name = b"wasmop-test-padding";
+    let mut payload = Vec::with_capacity(pad + 32);
+    leb(name.len(), &mut payload);
+    payload.extend_from_slice(name);
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    payload.extend((0..pad).map(|_| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x as u8
+    }));
+    let mut out = wasm.to_vec();
+    out.push(0);
+    leb(payload.len(), &mut out);
+    out.extend_from_slice(&payload);
+    out
+}
+
+/// A plugin ConfigMap that names `reference` instead of holding a module.
+async fn put_reference(env: &support::Env, name: &str, reference: &str) {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::{Api, Patch, PatchParams};
+    let cm = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "labels": {"wasmop.io/plugin": "true"}},
+        "data": {"plugin.oci": reference},
+    });
+    let api: Api<ConfigMap> = env.ns.api();
+    api.patch(name, &PatchParams::apply("e2e").force(), &Patch::Apply(&cm))
+        .await
+        .expect("apply the plugin ConfigMap");
+}
+
+#[tokio::test]
+async fn a_plugin_no_configmap_could_hold_runs_from_the_registry_and_outlives_it() {
+    let mut registry = TestRegistry::start();
+    let dir = std::env::temp_dir().join(format!("wasmop-e2e-oci-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let v1 = padded(&test_artifacts::read(test_artifacts::MEMCACHED), 5 << 20);
+    let v2 = padded(&test_artifacts::read(test_artifacts::MEMCACHED_V2), 5 << 20);
+    let (f1, f2) = (dir.join("v1.wasm"), dir.join("v2.wasm"));
+    std::fs::write(&f1, &v1).unwrap();
+    std::fs::write(&f2, &v2).unwrap();
+    // No ConfigMap holds it, even gzipped.
+    let refused = std::process::Command::new(support::wasmop_bin())
+        .arg("package")
+        .arg(&f1)
+        .output()
+        .unwrap();
+    assert!(
+        !refused.status.success(),
+        "wasmop package took a 5 MiB module"
+    );
+    let repo = registry.reference("plugins/memcached");
+    let pin1 = push(&f1, &format!("{repo}:v1")).to_string();
+    let pin2 = push(&f2, &format!("{repo}:v2")).to_string();
+
+    let env = support::Env::new("oci-plugin").await;
+    env.grant("memcached", &v2, &[]).await;
+    put_reference(&env, "memcached", &pin1).await;
+    let _host = env.start_host();
+    let loaded = support::wait_event(&env, "ConfigMap", "memcached", "Loaded").await;
+    assert!(
+        loaded
+            .message
+            .as_deref()
+            .unwrap_or("")
+            .contains("memcached 0.1.0"),
+        "{loaded:?}"
+    );
+    env.memcached_ready("a", 2).await;
+
+    // The registry goes down, and a new version is named: it cannot load, and says why; the
+    // running one goes on.
+    registry.stop();
+    put_reference(&env, "memcached", &pin2).await;
+    let failed = support::wait_event(&env, "ConfigMap", "memcached", "LoadFailed").await;
+    let message = failed.message.unwrap_or_default();
+    assert!(
+        message.contains(&pin2) && message.contains(&registry.addr),
+        "{message}"
+    );
+    env.memcached_ready("a", 3).await;
+
+    // Back up: the same version is fetched again by itself, and swapped in.
+    registry.restart();
+    let swapped = support::wait_event(&env, "ConfigMap", "memcached", "Swapped").await;
+    assert!(
+        swapped
+            .message
+            .as_deref()
+            .unwrap_or("")
+            .contains("memcached 0.2.0"),
+        "{swapped:?}"
+    );
+    env.memcached_ready("a", 1).await;
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -21,6 +21,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use super::access::{self, AccessError, Missing};
 use super::identity::{Identity, NameTooLong};
 use super::notice::Notice;
+use super::oci::{self, FetchError, Fetcher, PULL_SECRET_ANNOTATION};
 use super::source::{PluginSource, SourceError};
 use crate::config;
 use crate::kinds::{self, Kinds, ResolveError};
@@ -74,6 +75,17 @@ pub enum LoadError {
     /// The module could not be taken out of its stored form.
     #[error(transparent)]
     Source(SourceError),
+    /// The module could not be fetched from its registry.
+    #[error("ConfigMap {configmap}: fetching {reference}: {source}")]
+    Registry {
+        /// The ConfigMap.
+        configmap: String,
+        /// The reference.
+        reference: String,
+        /// Why.
+        #[source]
+        source: FetchError,
+    },
     /// The module is bad: not a component, the wrong interface, a bad manifest.
     #[error(transparent)]
     Plugin(PluginError),
@@ -102,7 +114,8 @@ impl LoadError {
             | Self::Plugin(_)
             | Self::Discovery(_)
             | Self::Unchecked(_)
-            | Self::Identity(_) => Notice::LoadFailed,
+            | Self::Identity(_)
+            | Self::Registry { .. } => Notice::LoadFailed,
             Self::WaitingForKinds(_) => Notice::WaitingForKinds,
             Self::Forbidden(_) => Notice::Forbidden,
         }
@@ -112,6 +125,9 @@ impl LoadError {
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             Self::Source(_) | Self::Plugin(_) | Self::Discovery(_) | Self::Identity(_) => None,
+            // The running version stays; the same one is fetched again once the registry is
+            // back (or the Secret is there).
+            Self::Registry { source, .. } => source.transient().then_some(config::REGISTRY_RETRY),
             Self::WaitingForKinds(_) => Some(config::KIND_RETRY),
             Self::Forbidden(_) | Self::Unchecked(_) => Some(config::ACCESS_RETRY),
         }
@@ -171,6 +187,8 @@ pub struct Loader {
     resync: Duration,
     // What inflated modules may take at once.
     budget: ModuleBudget,
+    // Modules kept in registries.
+    fetcher: Fetcher,
 }
 
 impl Loader {
@@ -183,6 +201,7 @@ impl Loader {
         resync: Duration,
     ) -> Self {
         Loader {
+            fetcher: Fetcher::new(client.clone(), namespace.clone(), oci::Limits::default()),
             client,
             namespace,
             sandbox,
@@ -247,6 +266,11 @@ impl Loader {
         &self,
         source: &mut PluginSource,
     ) -> Result<(Vec<u8>, OwnedSemaphorePermit), LoadError> {
+        if let Some(reference) = source.parts.reference(&source.configmap) {
+            return self
+                .fetch(source, reference.map_err(LoadError::Source)?)
+                .await;
+        }
         let held = std::mem::take(&mut source.wasm);
         let size = if held.is_empty() {
             source
@@ -281,6 +305,34 @@ impl Loader {
             })?
             .map_err(LoadError::Source)?;
         Ok((wasm, permit))
+    }
+}
+
+impl Loader {
+    /// The module a registry holds for `source`, its size reserved once the manifest says it.
+    async fn fetch(
+        &self,
+        source: &PluginSource,
+        reference: oci::Reference,
+    ) -> Result<(Vec<u8>, OwnedSemaphorePermit), LoadError> {
+        let failed = |e: FetchError| LoadError::Registry {
+            configmap: source.configmap.clone(),
+            reference: reference.to_string(),
+            source: e,
+        };
+        let secret = source.parts.annotations.get(PULL_SECRET_ANNOTATION);
+        let (client, layer, digest) = self
+            .fetcher
+            .layer(&reference, secret.map(String::as_str))
+            .await
+            .map_err(failed)?;
+        let permit = self.budget.reserve(layer.size).await;
+        let module = self
+            .fetcher
+            .module(&client, &reference, &layer, &digest)
+            .await
+            .map_err(failed)?;
+        Ok((module, permit))
     }
 }
 

@@ -3,6 +3,10 @@
 //! A plugin ConfigMap carries the label [`PLUGIN_LABEL`] and exactly one module: a `binaryData`
 //! key ending in `.wasm` (raw) or `.wasm.gz` (gzip), or a script in a key whose extension names
 //! its language ([`Language::of_key`]: `.star` for Starlark), in `data` or `binaryData`.
+//! Or, for a module kept in an OCI registry, a key ending in [`OCI_SUFFIX`] (`plugin.oci`)
+//! whose value is a reference pinned by digest, `oci://REGISTRY/REPO[:TAG]@sha256:…` (what
+//! `wasmop push` prints): the module is fetched when the version loads ([`super::oci`]), and
+//! a tag alone is refused, so that what runs changes only when the ConfigMap does.
 //! Optional keys and annotations:
 //! - `settings.yaml` (in `data`): handed to every reconcile as `settings`;
 //! - annotations [`DEADLINE_ANNOTATION`], [`MEMORY_ANNOTATION`], [`RESPONSE_ANNOTATION`] and
@@ -32,12 +36,15 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use super::oci::{PULL_SECRET_ANNOTATION, Reference};
 use super::rollout::{Rollout, RolloutError};
 use crate::config;
 use crate::sandbox::{Language, Limits, digest_of};
 
 /// The label that marks a ConfigMap as a plugin (any value).
 pub const PLUGIN_LABEL: &str = "wasmop.io/plugin";
+/// The end of the key that names a module in a registry instead of holding one.
+pub const OCI_SUFFIX: &str = ".oci";
 /// The key of the optional settings document.
 pub const SETTINGS_KEY: &str = "settings.yaml";
 /// Annotation: the deadline of one call (wall time while the guest runs), in milliseconds.
@@ -109,10 +116,47 @@ impl Parts {
         Language::of_key(&self.key)
     }
 
+    /// The registry reference of a module kept in one; `None` when the parts hold the module.
+    pub fn reference(&self, configmap: &str) -> Option<Result<Reference, SourceError>> {
+        self.key.ends_with(OCI_SUFFIX).then(|| {
+            let text = std::str::from_utf8(&self.module).map_err(|_| SourceError::Reference {
+                configmap: configmap.to_owned(),
+                key: self.key.clone(),
+                reason: "not UTF-8 text".into(),
+            })?;
+            let reference: Reference =
+                text.trim()
+                    .parse()
+                    .map_err(|reason: String| SourceError::Reference {
+                        configmap: configmap.to_owned(),
+                        key: self.key.clone(),
+                        reason,
+                    })?;
+            if reference.digest.is_none() {
+                return Err(SourceError::Reference {
+                    configmap: configmap.to_owned(),
+                    key: self.key.clone(),
+                    reason: format!(
+                        "{reference} is not pinned by digest: name it as `wasmop push` prints it, \
+                         …@sha256:<hex>, so that what runs changes only when this ConfigMap does"
+                    ),
+                });
+            }
+            Ok(reference)
+        })
+    }
+
     /// The module of ConfigMap `configmap` (a script's text, for a script), inflated if it is
     /// stored gzipped (after the checks
     /// of [`check_gzip`], and never past the size it declares).
     pub fn wasm(&self, configmap: &str) -> Result<Vec<u8>, SourceError> {
+        if let Some(reference) = self.reference(configmap) {
+            return Err(SourceError::Reference {
+                configmap: configmap.to_owned(),
+                key: self.key.clone(),
+                reason: format!("{} is fetched when the host loads it", reference?),
+            });
+        }
         if !self.gzipped() {
             return Ok(self.module.clone());
         }
@@ -138,6 +182,10 @@ impl Parts {
 
     /// `sha256:<hex>` of the inflated module, inflated a chunk at a time and never held whole.
     pub fn digest(&self, configmap: &str) -> Result<String, SourceError> {
+        // The manifest's, for a module in a registry: fetched only when it loads.
+        if let Some(reference) = self.reference(configmap) {
+            return Ok(reference?.digest.expect("pinned").to_string());
+        }
         if !self.gzipped() {
             return Ok(digest_of(&self.module));
         }
@@ -208,12 +256,14 @@ impl Parts {
     }
 }
 
-/// The annotations that are part of a revision.
-const LIMIT_ANNOTATIONS: [&str; 4] = [
+/// The annotations that are part of a revision: the limits, and the pull Secret a module in
+/// a registry is fetched with (an undo fetches it again).
+const LIMIT_ANNOTATIONS: [&str; 5] = [
     DEADLINE_ANNOTATION,
     MEMORY_ANNOTATION,
     RESPONSE_ANNOTATION,
     RESYNC_ANNOTATION,
+    PULL_SECRET_ANNOTATION,
 ];
 
 impl PluginSource {
@@ -247,11 +297,22 @@ impl PluginSource {
 /// Why a ConfigMap does not hold a usable plugin.
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
-    /// No `binaryData` key ends in `.wasm` or `.wasm.gz`, and no key names a script.
+    /// No `binaryData` key ends in `.wasm` or `.wasm.gz`, and no key names a script or a
+    /// registry reference.
     #[error(
-        "no binaryData key ending in .wasm or .wasm.gz, and no script key ending in .star (found: {0})"
+        "no binaryData key ending in .wasm or .wasm.gz, no script key ending in .star and no registry reference key ending in .oci (found: {0})"
     )]
     NoModule(String),
+    /// A registry reference that does not parse or is not pinned.
+    #[error("ConfigMap {configmap}, key {key}: {reason}")]
+    Reference {
+        /// The ConfigMap's name.
+        configmap: String,
+        /// The key.
+        key: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// More than one module or script key.
     #[error("more than one module key: {0}; keep exactly one")]
     ManyModules(String),
@@ -288,7 +349,9 @@ impl SourceError {
     pub fn in_configmap(&self, namespace: &str, name: &str) -> String {
         match self {
             // It names the ConfigMap and its key already.
-            Self::Module { .. } => format!("{self} (namespace {namespace})"),
+            Self::Module { .. } | Self::Reference { .. } => {
+                format!("{self} (namespace {namespace})")
+            }
             // Two install paths mixed (`create configmap --from-file` and `wasmop package`):
             // say how to keep the packaged one (a script beside a module is no such mix-up).
             Self::ManyModules(keys) => {
@@ -369,9 +432,13 @@ pub enum ModuleFault {
     Gzip(std::io::Error),
 }
 
-/// Whether `key` holds a plugin's module: `.wasm`, `.wasm.gz`, or a script's extension.
+/// Whether `key` holds a plugin's module: `.wasm`, `.wasm.gz`, a script's extension, or a
+/// registry reference's.
 pub fn is_module_key(key: &str) -> bool {
-    key.ends_with(".wasm") || key.ends_with(".wasm.gz") || Language::of_key(key).is_some()
+    key.ends_with(".wasm")
+        || key.ends_with(".wasm.gz")
+        || key.ends_with(OCI_SUFFIX)
+        || Language::of_key(key).is_some()
 }
 
 /// Reads a plugin out of `cm`, starting from the host's `defaults`, with its module inflated.
@@ -396,7 +463,10 @@ pub fn read_stored(
     let modules: Vec<&String> = binary
         .keys()
         .filter(|k| is_module_key(k))
-        .chain(text.keys().filter(|k| Language::of_key(k).is_some()))
+        .chain(
+            text.keys()
+                .filter(|k| Language::of_key(k).is_some() || k.ends_with(OCI_SUFFIX)),
+        )
         .collect();
     let key = match modules.as_slice() {
         [one] => (*one).clone(),
@@ -609,6 +679,78 @@ mod tests {
     use kube::api::ObjectMeta;
 
     use super::*;
+
+    #[test]
+    fn a_registry_reference_must_be_pinned_and_stands_for_its_manifest() {
+        let pin = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+        let reference = format!("oci://registry.example/team/memcached:0.2.0@{pin}");
+        let secret = [(PULL_SECRET_ANNOTATION, "registry-pull")];
+        let source = read_stored(
+            &cm(&[], &[("plugin.oci", &format!("{reference}\n"))], &secret),
+            &Limits::default(),
+            None,
+        )
+        .unwrap();
+        assert_eq!(source.digest, pin);
+        assert_eq!(
+            source
+                .parts
+                .reference("memcached")
+                .unwrap()
+                .unwrap()
+                .to_string(),
+            reference
+        );
+        // The pull Secret is part of the revision: an undo fetches with it again.
+        assert_eq!(
+            source
+                .parts
+                .annotations
+                .get(PULL_SECRET_ANNOTATION)
+                .map(String::as_str),
+            Some("registry-pull")
+        );
+        // Its revision's ConfigMap (binaryData) reads back as the same reference.
+        let back = read_stored(
+            &source.parts.to_configmap("memcached"),
+            &Limits::default(),
+            None,
+        )
+        .unwrap();
+        assert_eq!(back.digest, pin);
+        // Nothing to inflate: the module is fetched at load.
+        assert!(matches!(
+            source.parts.wasm("memcached"),
+            Err(SourceError::Reference { .. })
+        ));
+
+        let tag_only = read_stored(
+            &cm(
+                &[],
+                &[("plugin.oci", "oci://registry.example/team/memcached:0.2.0")],
+                &[],
+            ),
+            &Limits::default(),
+            None,
+        )
+        .unwrap_err();
+        assert!(
+            tag_only.to_string().contains("not pinned by digest"),
+            "{tag_only}"
+        );
+        let garbage = read_stored(
+            &cm(&[], &[("plugin.oci", "https://registry.example/x")], &[]),
+            &Limits::default(),
+            None,
+        )
+        .unwrap_err();
+        assert!(
+            garbage
+                .to_string()
+                .contains("ConfigMap memcached, key plugin.oci"),
+            "{garbage}"
+        );
+    }
 
     fn cm(binary: &[(&str, Vec<u8>)], data: &[(&str, &str)], ann: &[(&str, &str)]) -> ConfigMap {
         ConfigMap {
@@ -907,13 +1049,13 @@ mod tests {
         let none = read(&cm(&[("notes.txt", vec![1])], &[], &[]), &Limits::default());
         assert_eq!(
             none.unwrap_err().to_string(),
-            "no binaryData key ending in .wasm or .wasm.gz, and no script key ending in .star (found: binaryData: notes.txt; data: none)"
+            "no binaryData key ending in .wasm or .wasm.gz, no script key ending in .star and no registry reference key ending in .oci (found: binaryData: notes.txt; data: none)"
         );
         // A module given as text lands in data: say so apart.
         let text = read(&cm(&[], &[("x.wasm", "garbled")], &[]), &Limits::default());
         assert_eq!(
             text.unwrap_err().to_string(),
-            "no binaryData key ending in .wasm or .wasm.gz, and no script key ending in .star (found: binaryData: none; data: x.wasm)"
+            "no binaryData key ending in .wasm or .wasm.gz, no script key ending in .star and no registry reference key ending in .oci (found: binaryData: none; data: x.wasm)"
         );
         let many = read(
             &cm(&[("a.wasm", vec![]), ("b.wasm.gz", vec![])], &[], &[]),

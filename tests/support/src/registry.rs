@@ -43,49 +43,7 @@ impl TestRegistry {
             N.fetch_add(1, Ordering::Relaxed)
         ));
         std::fs::create_dir_all(dir.join("data")).expect("registry directory");
-        let config = dir.join("config.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "version: 0.1\nlog:\n  level: info\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:0\n  secret: wasmop-test\n",
-                dir.join("data").display()
-            ),
-        )
-        .expect("registry config");
-        let bin = binary();
-        let mut child = Command::new(&bin)
-            .arg("serve")
-            .arg(&config)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "starting the registry {} (tests/setup.sh unpacks Debian's docker-registry): {e}",
-                    bin.display()
-                )
-            });
-        // It logs `listening on 127.0.0.1:PORT` once the socket is bound.
-        let stderr = child.stderr.take().expect("piped");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut sent = false;
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if !sent && let Some(rest) = line.split("listening on ").nth(1) {
-                    let addr: String = rest
-                        .chars()
-                        .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
-                        .collect();
-                    let _ = tx.send(addr);
-                    sent = true;
-                }
-            }
-        });
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let addr = rx
-            .recv_timeout(deadline - Instant::now())
-            .expect("the registry to say where it listens within 30 s");
+        let (child, addr) = spawn(&dir, "127.0.0.1:0");
         TestRegistry { child, dir, addr }
     }
 
@@ -99,6 +57,62 @@ impl TestRegistry {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+
+    /// Starts it again on the same address with the same storage, as a registry back up.
+    pub fn restart(&mut self) {
+        self.stop();
+        let (child, addr) = spawn(&self.dir, &self.addr);
+        assert_eq!(addr, self.addr, "the registry came back elsewhere");
+        self.child = child;
+    }
+}
+
+/// A registry serving `dir/data` on `addr`, and where it listens.
+fn spawn(dir: &std::path::Path, addr: &str) -> (Child, String) {
+    let config = dir.join(format!("config-{}.yml", addr.replace(':', "-")));
+    std::fs::write(
+            &config,
+            format!(
+                "version: 0.1\nlog:\n  level: info\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {addr}\n  secret: wasmop-test\n",
+                dir.join("data").display()
+            ),
+        )
+        .expect("registry config");
+    let bin = binary();
+    let mut child = Command::new(&bin)
+        .arg("serve")
+        .arg(&config)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!(
+                "starting the registry {} (tests/setup.sh unpacks Debian's docker-registry): {e}",
+                bin.display()
+            )
+        });
+    // It logs `listening on 127.0.0.1:PORT` once the socket is bound.
+    let stderr = child.stderr.take().expect("piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut sent = false;
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if !sent && let Some(rest) = line.split("listening on ").nth(1) {
+                let addr: String = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
+                    .collect();
+                let _ = tx.send(addr);
+                sent = true;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let addr = rx
+        .recv_timeout(deadline - Instant::now())
+        .expect("the registry to say where it listens within 30 s");
+    (child, addr)
 }
 
 impl Drop for TestRegistry {

@@ -215,6 +215,14 @@ impl OciClient {
     /// The manifest `reference` names, its bytes and digest. Pinned, the bytes must hash to
     /// the pin; by tag, a `Docker-Content-Digest` the registry sends must match them.
     pub async fn manifest(&self, reference: &Reference) -> Result<(Vec<u8>, Digest), OciError> {
+        self.within(reference, self.manifest_unbounded(reference))
+            .await
+    }
+
+    async fn manifest_unbounded(
+        &self,
+        reference: &Reference,
+    ) -> Result<(Vec<u8>, Digest), OciError> {
         let url = format!(
             "{}/v2/{}/manifests/{}",
             self.base,
@@ -230,7 +238,9 @@ impl OciClient {
             ),
         );
         let limit = self.limits.manifest_bytes;
-        let (response, url) = self.send(Method::GET, &url, headers, Bytes::new()).await?;
+        let (response, url) = self
+            .send(Method::GET, &url, headers, Bytes::new(), false)
+            .await?;
         let claimed = response
             .headers()
             .get("docker-content-digest")
@@ -253,6 +263,23 @@ impl OciClient {
     /// The one module `reference` holds: its manifest checked (the layout, the media types,
     /// sizes within the limits), then the module fetched and checked against its descriptor.
     pub async fn pull(&self, reference: &Reference) -> Result<Pulled, OciError> {
+        let (manifest, layer, digest) = self.module_layer(reference).await?;
+        let module = self.blob(reference, &digest, layer.size).await?;
+        Ok(Pulled {
+            reference: reference.pinned(manifest.clone()),
+            manifest,
+            layer,
+            module,
+        })
+    }
+
+    /// The manifest's digest and its module layer (descriptor and digest), checked as
+    /// [`Self::pull`] checks them, before any of the module is fetched: a caller can reserve
+    /// the layer's size first.
+    pub async fn module_layer(
+        &self,
+        reference: &Reference,
+    ) -> Result<(Digest, Descriptor, Digest), OciError> {
         let (bytes, manifest_digest) = self.manifest(reference).await?;
         let bad = |reason: String| OciError::Manifest {
             reference: reference.to_string(),
@@ -296,25 +323,38 @@ impl OciClient {
             .digest
             .parse()
             .map_err(|e| bad(format!("the module layer: {e}")))?;
-        let module = self.blob(reference, &digest, layer.size).await?;
-        Ok(Pulled {
-            reference: reference.pinned(manifest_digest.clone()),
-            manifest: manifest_digest,
-            layer: layer.clone(),
-            module,
-        })
+        Ok((manifest_digest, layer.clone(), digest))
     }
 
-    /// A blob of exactly `size` bytes whose digest is `digest`.
+    /// A blob of exactly `size` bytes (at most [`Limits::blob_bytes`]) whose digest is
+    /// `digest`. A registry that sends blobs from elsewhere (object storage) is followed
+    /// there over HTTPS, without its credentials: the digest vouches for what comes back.
     pub async fn blob(
         &self,
         reference: &Reference,
         digest: &Digest,
         size: u64,
     ) -> Result<Vec<u8>, OciError> {
+        self.within(reference, self.blob_unbounded(reference, digest, size))
+            .await
+    }
+
+    async fn blob_unbounded(
+        &self,
+        reference: &Reference,
+        digest: &Digest,
+        size: u64,
+    ) -> Result<Vec<u8>, OciError> {
+        if size > self.limits.blob_bytes {
+            return Err(OciError::TooLarge {
+                what: format!("blob {digest} of {reference}"),
+                limit: self.limits.blob_bytes,
+                size: Some(size),
+            });
+        }
         let url = format!("{}/v2/{}/blobs/{digest}", self.base, reference.repository);
         let (response, url) = self
-            .send(Method::GET, &url, HeaderMap::new(), Bytes::new())
+            .send(Method::GET, &url, HeaderMap::new(), Bytes::new(), true)
             .await?;
         let what = format!("blob {digest}");
         let (bytes, got) = self.read(response, &url, size, &what).await?;
@@ -342,6 +382,15 @@ impl OciClient {
     /// tag, or by digest alone when it has none, and returns the manifest's digest. The same
     /// module always makes the same manifest: nothing in it is a time or a name.
     pub async fn push(&self, reference: &Reference, module: &[u8]) -> Result<Digest, OciError> {
+        self.within(reference, self.push_unbounded(reference, module))
+            .await
+    }
+
+    async fn push_unbounded(
+        &self,
+        reference: &Reference,
+        module: &[u8],
+    ) -> Result<Digest, OciError> {
         let layer = Digest::of(module);
         let config = serde_json::to_vec(&json!({
             "architecture": "wasm",
@@ -381,9 +430,23 @@ impl OciClient {
             HeaderValue::from_static(MANIFEST_MEDIA_TYPES[0]),
         );
         let (response, url) = self
-            .send(Method::PUT, &url, headers, Bytes::from(manifest))
+            .send(Method::PUT, &url, headers, Bytes::from(manifest), false)
             .await?;
+        let stored = response
+            .headers()
+            .get("docker-content-digest")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
         self.expect(response, &url, StatusCode::CREATED).await?;
+        if let Some(stored) = stored
+            && stored != digest.as_str()
+        {
+            return Err(OciError::DigestMismatch {
+                what: format!("the manifest pushed to {url}"),
+                expected: digest.to_string(),
+                got: stored,
+            });
+        }
         Ok(digest)
     }
 
@@ -398,14 +461,14 @@ impl OciClient {
         let repo = &reference.repository;
         let head = format!("{}/v2/{repo}/blobs/{digest}", self.base);
         let (response, _) = self
-            .send(Method::HEAD, &head, HeaderMap::new(), Bytes::new())
+            .send(Method::HEAD, &head, HeaderMap::new(), Bytes::new(), true)
             .await?;
         if response.status() == StatusCode::OK {
             return Ok(());
         }
         let start = format!("{}/v2/{repo}/blobs/uploads/", self.base);
         let (response, url) = self
-            .send(Method::POST, &start, HeaderMap::new(), Bytes::new())
+            .send(Method::POST, &start, HeaderMap::new(), Bytes::new(), false)
             .await?;
         let location = response
             .headers()
@@ -425,28 +488,32 @@ impl OciClient {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/octet-stream"),
         );
-        let (response, url) = self.send(Method::PUT, &put, headers, bytes).await?;
+        let (response, url) = self.send(Method::PUT, &put, headers, bytes, false).await?;
         self.expect(response, &url, StatusCode::CREATED).await
     }
 
     /// Sends a request, answering one authentication challenge and following redirects within
-    /// the registry's origin; returns the answer and the URL that gave it.
+    /// the registry's origin (with `blob`, to any HTTPS origin too, from then on without
+    /// credentials); returns the answer and the URL that gave it.
     async fn send(
         &self,
         method: Method,
         url: &str,
         headers: HeaderMap,
         body: Bytes,
+        blob: bool,
     ) -> Result<(Response<Incoming>, String), OciError> {
         let mut url = url.to_string();
         let mut challenged = false;
         let mut redirects = 0;
+        // Once elsewhere, nothing of the registry's credentials goes along.
+        let mut elsewhere = false;
         loop {
             let mut request = Request::builder().method(method.clone()).uri(&url);
             for (name, value) in &headers {
                 request = request.header(name, value);
             }
-            if let Some(auth) = self.authorization.lock().await.clone() {
+            if !elsewhere && let Some(auth) = self.authorization.lock().await.clone() {
                 request = request.header(header::AUTHORIZATION, auth);
             }
             let request =
@@ -458,7 +525,7 @@ impl OciClient {
                     })?;
             let response = self.exchange(request, &url).await?;
             let status = response.status();
-            if status == StatusCode::UNAUTHORIZED && !challenged {
+            if status == StatusCode::UNAUTHORIZED && !challenged && !elsewhere {
                 challenged = true;
                 let challenge = response
                     .headers()
@@ -484,11 +551,32 @@ impl OciClient {
                         reason: format!("more than {MAX_REDIRECTS} redirects"),
                     });
                 }
-                url = self.same_origin(&url, &location)?;
+                url = match self.same_origin(&url, &location) {
+                    Ok(next) => next,
+                    Err(_) if blob && location.starts_with("https://") => {
+                        elsewhere = true;
+                        location
+                    }
+                    Err(e) => return Err(e),
+                };
                 continue;
             }
             return Ok((response, url));
         }
+    }
+
+    /// `work` within [`Limits::timeout`], all of its exchanges together.
+    async fn within<T>(
+        &self,
+        reference: &Reference,
+        work: impl Future<Output = Result<T, OciError>>,
+    ) -> Result<T, OciError> {
+        tokio::time::timeout(self.limits.timeout, work)
+            .await
+            .map_err(|_| OciError::Timeout {
+                url: format!("{}/v2/{}", self.base, reference.repository),
+                after: self.limits.timeout,
+            })?
     }
 
     /// One request sent and its answer's head received, within the timeout.
@@ -520,8 +608,10 @@ impl OciClient {
             let credentials = self.credentials.as_ref().ok_or_else(|| {
                 refused("the registry asks for credentials and none were given".into())
             })?;
-            return HeaderValue::from_str(&credentials.basic())
-                .map_err(|_| refused("credentials are not a header value".into()));
+            let mut value = HeaderValue::from_str(&credentials.basic())
+                .map_err(|_| refused("credentials are not a header value".into()))?;
+            value.set_sensitive(true);
+            return Ok(value);
         }
         if !scheme.eq_ignore_ascii_case("bearer") {
             return Err(refused(format!("unsupported challenge {challenge:?}")));
@@ -541,7 +631,10 @@ impl OciClient {
                     .parse::<std::net::IpAddr>()
                     .is_ok_and(|ip| ip.is_loopback())
         });
-        if realm_uri.scheme_str() != Some("https") && !loopback {
+        // Plain HTTP only from a registry on loopback to a token service on loopback.
+        if realm_uri.scheme_str() != Some("https")
+            && !(loopback && self.base.starts_with("http://"))
+        {
             return Err(refused(format!(
                 "realm {realm} is not HTTPS: credentials would travel in the clear"
             )));
@@ -555,7 +648,8 @@ impl OciClient {
         let token_url = if query.is_empty() {
             realm.clone()
         } else {
-            format!("{realm}?{}", query.join("&"))
+            let sep = if realm.contains('?') { '&' } else { '?' };
+            format!("{realm}{sep}{}", query.join("&"))
         };
         let mut request = Request::builder().method(Method::GET).uri(&token_url);
         if let Some(c) = &self.credentials {
@@ -583,16 +677,23 @@ impl OciClient {
             .token
             .or(token.access_token)
             .ok_or_else(|| refused("the token service gave no token".into()))?;
-        HeaderValue::from_str(&format!("Bearer {token}"))
-            .map_err(|_| refused("the token is not a header value".into()))
+        let mut value = HeaderValue::from_str(&format!("Bearer {token}"))
+            .map_err(|_| refused("the token is not a header value".into()))?;
+        value.set_sensitive(true);
+        Ok(value)
     }
 
     /// `location` made absolute against `url`, if it stays in the registry's origin.
     fn same_origin(&self, url: &str, location: &str) -> Result<String, OciError> {
         let absolute = if location.starts_with('/') {
             format!("{}{location}", self.base)
-        } else {
+        } else if location.contains("://") {
             location.to_string()
+        } else {
+            // Relative to the current URL's directory (RFC 3986, without dot segments).
+            let path = url.split(['?', '#']).next().unwrap_or(url);
+            let dir = path.rsplit_once('/').map_or(path, |(dir, _)| dir);
+            format!("{dir}/{location}")
         };
         let origin = |u: &str| {
             u.parse::<Uri>()
@@ -624,10 +725,21 @@ impl OciClient {
     async fn status_error(&self, response: Response<Incoming>, url: &str) -> OciError {
         let status = response.status();
         let body = match self
-            .read_body(response.into_body(), url, ERROR_BODY_BYTES as u64, true)
+            .read_body(
+                response.into_body(),
+                url,
+                ERROR_BODY_BYTES as u64,
+                true,
+                ERROR_BODY_BYTES as u64,
+            )
             .await
         {
-            Ok((b, _)) => String::from_utf8_lossy(&b).trim().to_string(),
+            // Printable only: the body is the registry's, and goes to logs and Events.
+            Ok((b, _)) => String::from_utf8_lossy(&b)
+                .trim()
+                .chars()
+                .map(|c| if c.is_control() { ' ' } else { c })
+                .collect(),
             Err(_) => String::new(),
         };
         OciError::Status {
@@ -648,11 +760,12 @@ impl OciClient {
         if !response.status().is_success() {
             return Err(self.status_error(response, url).await);
         }
-        if let Some(length) = response
+        let length = response
             .headers()
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if let Some(length) = length
             && length > limit
         {
             return Err(OciError::TooLarge {
@@ -661,7 +774,9 @@ impl OciClient {
                 size: Some(length),
             });
         }
-        self.read_body(response.into_body(), url, limit, false)
+        // Taken once, at the size the answer declares (or its limit), never doubled past it.
+        let reserve = length.unwrap_or(limit).min(limit);
+        self.read_body(response.into_body(), url, limit, false, reserve)
             .await
             .map_err(|e| match e {
                 OciError::TooLarge { limit, .. } => OciError::TooLarge {
@@ -681,9 +796,17 @@ impl OciClient {
         url: &str,
         limit: u64,
         truncate: bool,
+        reserve: u64,
     ) -> Result<(Vec<u8>, Digest), OciError> {
         let read = async {
             let mut bytes = Vec::new();
+            bytes
+                .try_reserve_exact(reserve as usize)
+                .map_err(|_| OciError::TooLarge {
+                    what: url.to_string(),
+                    limit: reserve,
+                    size: None,
+                })?;
             let mut hasher = Sha256::new();
             while let Some(frame) = body.frame().await {
                 let frame = frame.map_err(|e| OciError::Http {

@@ -1,5 +1,6 @@
 //! Plugins kept in an OCI registry: a reference parsed and checked ([`Reference`]), a module
-//! pulled by digest and pushed ([`OciClient`]), every answer bounded and hashed.
+//! pulled by digest and pushed ([`OciClient`]), every answer bounded and hashed, and fetched
+//! for a plugin ConfigMap that names one ([`Fetcher`]; see [`super::source`]).
 //!
 //! The layout is the CNCF wasm artifact's: an image manifest whose config is
 //! `application/vnd.wasm.config.v0+json` and whose one layer is `application/wasm`. On pull,
@@ -15,11 +16,13 @@
 //! ```
 
 mod client;
+mod fetch;
 mod reference;
 
 use std::time::Duration;
 
 pub use client::{Credentials, Descriptor, Limits, Manifest, OciClient, Pulled};
+pub use fetch::{FetchError, Fetcher, PULL_SECRET_ANNOTATION};
 pub use reference::{Digest, Reference, SCHEME};
 
 /// Manifest media types: what is pushed first, then what else is taken.

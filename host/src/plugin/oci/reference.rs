@@ -178,7 +178,12 @@ fn check_registry(registry: &str) -> Result<(), String> {
     let (host, port) = if let Some(rest) = registry.strip_prefix('[') {
         let (addr, after) = rest.split_once(']').ok_or_else(bad)?;
         addr.parse::<std::net::Ipv6Addr>().map_err(|_| bad())?;
-        (None, after.strip_prefix(':'))
+        // Nothing but a port may follow the address.
+        let port = match after {
+            "" => None,
+            a => Some(a.strip_prefix(':').ok_or_else(bad)?),
+        };
+        (None, port)
     } else {
         match registry.split_once(':') {
             Some((h, p)) => (Some(h), Some(p)),
@@ -293,6 +298,8 @@ mod tests {
             "oci://ghcr.io/../x",              // '..'
             "oci://gh cr.io/x",                // space in the host
             "oci://-ghcr.io/x",                // host starting with '-'
+            "oci://[::1]#x/r",                 // junk after an IPv6 address
+            "oci://[::1]x/r",
         ] {
             assert!(bad.parse::<Reference>().is_err(), "{bad} parsed");
         }
