@@ -3,7 +3,10 @@
 //! digest gives the same bytes, a pull by tag resolves to the same digest; a moved tag does not
 //! change what a pinned reference pulls; and every answer is bounded: a module over the cap is
 //! refused before it is fetched, a manifest whose descriptor understates its layer is cut off,
-//! a stopped registry is an error naming it.
+//! a stopped registry is an error naming it. On the plane: a plugin 5 MiB past any
+//! ConfigMap runs from a `plugin.oci` reference; with the registry stopped, a new version
+//! waits (`LoadFailed` naming it) while the running one reconciles, and goes live by itself
+//! once the registry is back.
 
 use std::time::Duration;
 
