@@ -44,6 +44,9 @@ pub enum Command {
     /// Push a plugin module to an OCI registry as a wasm artifact, after checking that it
     /// loads, and print the reference pinned to the digest it was stored under.
     Push(PushArgs),
+    /// Build this host's container image (no container engine needed) and push it to an OCI
+    /// registry; print the reference pinned to its digest.
+    Image(ImageArgs),
     /// Show and steer how a plugin's revisions go live: status, history, diff, undo, promote,
     /// abort.
     Rollout(RolloutArgs),
@@ -287,6 +290,11 @@ pub struct RunArgs {
     /// `--namespace`, so several replicas can run with one active.
     #[arg(long)]
     pub leader_elect: bool,
+    /// A YAML file saying which registry plugins must carry a cosign signature and by which
+    /// keys (`docs/security.md`). The cluster admin's: mount it from an object that plugin
+    /// authors may not write. Without it, registry plugins load unsigned.
+    #[arg(long, env = "WASMOP_SIGNATURE_POLICY")]
+    pub signature_policy: Option<PathBuf>,
     /// Name of the leader-election Lease.
     #[arg(long, default_value = config::LEASE_NAME)]
     pub lease_name: String,
@@ -378,6 +386,25 @@ pub struct PushArgs {
     pub reference: String,
     /// A Docker config (`~/.docker/config.json`, or a `.dockerconfigjson`) whose entry for the
     /// registry holds the credentials.
+    #[arg(long)]
+    pub docker_config: Option<PathBuf>,
+    /// Also sign what was pushed with this ECDSA P-256 key (unencrypted PKCS#8 PEM), as a
+    /// cosign signature that a host's `--signature-policy` can require.
+    #[arg(long)]
+    pub sign_key: Option<PathBuf>,
+}
+
+/// `wasmop image`.
+#[derive(Debug, Args)]
+pub struct ImageArgs {
+    /// Where to: `oci://REGISTRY/REPOSITORY[:TAG]`.
+    pub reference: String,
+    /// The binary the image runs (default: this one). A static build
+    /// (`--target x86_64-unknown-linux-musl`) makes an image of one file; a glibc build
+    /// brings the libraries it loads, from this machine.
+    #[arg(long)]
+    pub binary: Option<PathBuf>,
+    /// A Docker config whose entry for the registry holds the credentials.
     #[arg(long)]
     pub docker_config: Option<PathBuf>,
 }

@@ -23,6 +23,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use anyhow::Context;
 use kube::Client;
@@ -36,6 +37,7 @@ use crate::config;
 use crate::controller::supervisor::Setup;
 use crate::controller::{self, ShardedSupervisor, Supervisor};
 use crate::plugin::artifacts::ClusterArtifacts;
+use crate::plugin::oci::Policy;
 use crate::plugin::registry::Parts;
 use crate::plugin::rollout::Board;
 use crate::plugin::{Loader, Registry, Status};
@@ -75,6 +77,8 @@ pub struct HostConfig {
     pub sharding: Option<Sharding>,
     /// This replica's name, for the Lease and as the Events' reporting instance.
     pub identity: String,
+    /// Which registry plugins must be signed, by whom (`--signature-policy`).
+    pub signature_policy: Arc<Policy>,
 }
 
 impl Default for HostConfig {
@@ -92,6 +96,7 @@ impl Default for HostConfig {
             leader_election: None,
             sharding: None,
             identity: default_identity(),
+            signature_policy: Arc::default(),
         }
     }
 }
@@ -190,6 +195,7 @@ impl Host {
             sandbox,
             config.watch_namespace.clone(),
             config.controller.resync,
+            config.signature_policy.clone(),
         );
         let hub = Hub::new(
             client.clone(),

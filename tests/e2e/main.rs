@@ -12,6 +12,7 @@ mod failures;
 mod finalizers;
 mod hostile;
 mod identity;
+mod image;
 mod in_process;
 mod leader;
 mod memcached;

@@ -6,18 +6,27 @@
 //! a stopped registry is an error naming it. On the plane: a plugin 5 MiB past any
 //! ConfigMap runs from a `plugin.oci` reference; with the registry stopped, a new version
 //! waits (`LoadFailed` naming it) while the running one reconciles, and goes live by itself
-//! once the registry is back.
+//! once the registry is back. Signatures: `wasmop push --sign-key` signs as cosign does, a
+//! signature checks only against its key and its manifest, and a host whose policy requires
+//! one loads a signed plugin and refuses an unsigned one, keeping the signed one running.
 
 use std::time::Duration;
 
 use support::registry::TestRegistry;
-use wasmop::plugin::oci::{Digest, Limits, OciClient, OciError, Reference};
+use wasmop::plugin::oci::{
+    Digest, Limits, OciClient, OciError, PublicKey, Reference, SignatureError, SigningKey,
+};
 
 fn push(file: &std::path::Path, reference: &str) -> Reference {
+    push_with(file, reference, &[])
+}
+
+fn push_with(file: &std::path::Path, reference: &str, args: &[&std::ffi::OsStr]) -> Reference {
     let out = std::process::Command::new(support::wasmop_bin())
         .arg("push")
         .arg(file)
         .arg(reference)
+        .args(args)
         .output()
         .expect("running wasmop push");
     assert!(
@@ -236,5 +245,204 @@ async fn a_plugin_no_configmap_could_hold_runs_from_the_registry_and_outlives_it
         "{swapped:?}"
     );
     env.memcached_ready("a", 1).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A new signing key written to `dir/name.pem`: its path and its public half.
+fn signing_key(dir: &std::path::Path, name: &str) -> (std::path::PathBuf, PublicKey) {
+    let (key, pem) = SigningKey::generate();
+    let path = dir.join(format!("{name}.pem"));
+    std::fs::write(&path, pem).unwrap();
+    (path, key.public_key())
+}
+
+/// Memcached 0.1.0 pushed to `repo:v1` signed by a new key, 0.2.0 to `repo:v2` unsigned:
+/// the repository, the key's public half, and both pinned.
+fn signed_and_unsigned(
+    registry: &TestRegistry,
+    dir: &std::path::Path,
+    repo: &str,
+) -> (String, PublicKey, Reference, Reference) {
+    let (key, public) = signing_key(dir, "team");
+    let repo = registry.reference(repo);
+    let signed = push_with(
+        std::path::Path::new(test_artifacts::MEMCACHED),
+        &format!("{repo}:v1"),
+        &["--sign-key".as_ref(), key.as_os_str()],
+    );
+    let unsigned = push(
+        std::path::Path::new(test_artifacts::MEMCACHED_V2),
+        &format!("{repo}:v2"),
+    );
+    (repo, public, signed, unsigned)
+}
+
+fn temp_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("wasmop-e2e-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[tokio::test]
+async fn a_signature_vouches_only_for_its_manifest_and_only_under_its_key() {
+    let registry = TestRegistry::start();
+    let dir = temp_dir("sign");
+    let (repo, public, signed, unsigned) = signed_and_unsigned(&registry, &dir, "plugins/signed");
+    let (stranger, stranger_public) = signing_key(&dir, "stranger");
+    let v1 = std::path::Path::new(test_artifacts::MEMCACHED);
+    let client = OciClient::new(&signed, None, Limits::default()).unwrap();
+    let d1 = signed.digest.clone().unwrap();
+    let d2 = unsigned.digest.clone().unwrap();
+
+    let by = client
+        .verify(&signed, &d1, std::slice::from_ref(&public))
+        .await;
+    assert_eq!(by.expect("signed by the team's key"), public.fingerprint());
+    match client
+        .verify(&signed, &d1, std::slice::from_ref(&stranger_public))
+        .await
+    {
+        Err(SignatureError::Invalid {
+            count: 1, reasons, ..
+        }) => {
+            assert!(reasons.contains("signed by no listed key"), "{reasons}")
+        }
+        other => panic!("another key's policy: {other:?}"),
+    }
+    match client
+        .verify(&unsigned, &d2, std::slice::from_ref(&public))
+        .await
+    {
+        Err(SignatureError::Unsigned { tag, .. }) => {
+            assert_eq!(tag, format!("sha256-{}.sig", d2.hex()))
+        }
+        other => panic!("unsigned: {other:?}"),
+    }
+
+    // v1's signatures copied under v2's tag: a trusted key's signature, of another manifest.
+    let raw = manifest_bytes(
+        &registry,
+        &format!("plugins/signed/manifests/sha256-{}.sig", d1.hex()),
+    );
+    put_manifest(
+        &registry,
+        &format!("plugins/signed/manifests/sha256-{}.sig", d2.hex()),
+        &raw,
+    );
+    match client
+        .verify(&unsigned, &d2, std::slice::from_ref(&public))
+        .await
+    {
+        Err(SignatureError::Invalid { reasons, .. }) => {
+            assert!(
+                reasons.contains(&format!("a signature of {d1}, not {d2}")),
+                "{reasons}"
+            )
+        }
+        other => panic!("a replayed signature: {other:?}"),
+    }
+
+    // A second signature joins the first (cosign's layout): either key now passes.
+    push_with(
+        v1,
+        &format!("{repo}:v1"),
+        &["--sign-key".as_ref(), stranger.as_os_str()],
+    );
+    client
+        .verify(&signed, &d1, &[stranger_public])
+        .await
+        .expect("the second signature");
+    client
+        .verify(&signed, &d1, &[public])
+        .await
+        .expect("the first signature stays");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A manifest's bytes, as the registry serves them.
+fn manifest_bytes(registry: &TestRegistry, path: &str) -> Vec<u8> {
+    let out = std::process::Command::new("curl")
+        .args([
+            "-sf",
+            "-H",
+            "Accept: application/vnd.oci.image.manifest.v1+json",
+        ])
+        .arg(format!("http://{}/v2/{path}", registry.addr))
+        .output()
+        .expect("curl");
+    assert!(out.status.success(), "GET {path}");
+    out.stdout
+}
+
+/// Stores a manifest's bytes at `path`.
+fn put_manifest(registry: &TestRegistry, path: &str, body: &[u8]) {
+    let file = std::env::temp_dir().join(format!("wasmop-e2e-manifest-{}", std::process::id()));
+    std::fs::write(&file, body).unwrap();
+    let out = std::process::Command::new("curl")
+        .args([
+            "-sf",
+            "-X",
+            "PUT",
+            "-H",
+            "Content-Type: application/vnd.oci.image.manifest.v1+json",
+        ])
+        .arg("--data-binary")
+        .arg(format!("@{}", file.display()))
+        .arg(format!("http://{}/v2/{path}", registry.addr))
+        .output()
+        .expect("curl");
+    assert!(
+        out.status.success(),
+        "PUT {path}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_file(&file);
+}
+
+#[tokio::test]
+async fn a_host_that_requires_signatures_loads_a_signed_plugin_and_refuses_an_unsigned_one() {
+    let registry = TestRegistry::start();
+    let dir = temp_dir("policy");
+    let (_, public, signed, unsigned) = signed_and_unsigned(&registry, &dir, "plugins/guarded");
+    // Only the admin's file says who signs; the ConfigMap names a reference and nothing else.
+    let policy = dir.join("policy.yaml");
+    std::fs::write(
+        &policy,
+        format!(
+            "rules:\n- match: {}/plugins/*\n  keys:\n  - |\n{}unmatched: refuse\n",
+            registry.addr,
+            public
+                .to_pem()
+                .lines()
+                .map(|l| format!("    {l}\n"))
+                .collect::<String>()
+        ),
+    )
+    .unwrap();
+
+    let env = support::Env::new("oci-signed").await;
+    env.grant(
+        "memcached",
+        &test_artifacts::read(test_artifacts::MEMCACHED_V2),
+        &[],
+    )
+    .await;
+    put_reference(&env, "memcached", &signed.to_string()).await;
+    let _host = env
+        .host()
+        .args(&["--signature-policy", policy.to_str().unwrap()])
+        .start();
+    support::wait_event(&env, "ConfigMap", "memcached", "Loaded").await;
+    env.memcached_ready("a", 2).await;
+
+    put_reference(&env, "memcached", &unsigned.to_string()).await;
+    let failed = support::wait_event(&env, "ConfigMap", "memcached", "LoadFailed").await;
+    let message = failed.message.unwrap_or_default();
+    assert!(
+        message.contains(&unsigned.to_string()) && message.contains("not signed"),
+        "{message}"
+    );
+    // The signed version runs on.
+    env.memcached_ready("a", 3).await;
     let _ = std::fs::remove_dir_all(&dir);
 }

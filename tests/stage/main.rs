@@ -46,6 +46,7 @@ impl Stage {
             sandbox,
             Some(ns.clone()),
             Duration::from_secs(600),
+            Default::default(),
         );
         let board = Board::default();
         let setup = Setup {

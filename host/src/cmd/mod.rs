@@ -1,6 +1,7 @@
 //! One module per subcommand of the `wasmop` binary.
 
 pub mod capture;
+pub mod image;
 pub mod inspect;
 pub mod new;
 pub mod package;
@@ -22,6 +23,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Inspect(args) => inspect::run(args),
         Command::Package(args) => package::run(args),
         Command::Push(args) => push::run(args),
+        Command::Image(args) => image::run(args),
         Command::Rbac(args) => rbac::run(args),
         Command::Rollout(args) => rollout::run(args),
         Command::Capture(args) => capture::run(args),

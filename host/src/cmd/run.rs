@@ -29,8 +29,16 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(async {
+        let policy = match &args.signature_policy {
+            Some(path) => crate::plugin::oci::Policy::load(path)?,
+            None => Default::default(),
+        };
         let client = crate::client::connect().await?;
-        let host = Host::new(client, host_config(args)).await?;
+        let config = HostConfig {
+            signature_policy: std::sync::Arc::new(policy),
+            ..host_config(args)
+        };
+        let host = Host::new(client, config).await?;
         tokio::spawn(release_code_pages(host.ready()));
         host.run(shutdown_signal()).await
     })

@@ -192,16 +192,23 @@ pub struct Loader {
 }
 
 impl Loader {
-    /// A loader compiling in `sandbox` and asking the cluster behind `client`.
+    /// A loader compiling in `sandbox` and asking the cluster behind `client`, taking registry
+    /// plugins as the signature policy `signatures` says.
     pub fn new(
         client: Client,
         namespace: String,
         sandbox: Sandbox,
         watch_namespace: Option<String>,
         resync: Duration,
+        signatures: Arc<oci::Policy>,
     ) -> Self {
         Loader {
-            fetcher: Fetcher::new(client.clone(), namespace.clone(), oci::Limits::default()),
+            fetcher: Fetcher::new(
+                client.clone(),
+                namespace.clone(),
+                oci::Limits::default(),
+                signatures,
+            ),
             client,
             namespace,
             sandbox,

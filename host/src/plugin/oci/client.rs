@@ -140,6 +140,9 @@ pub struct Descriptor {
     pub digest: String,
     /// Its size, as the manifest says.
     pub size: u64,
+    /// Its annotations (a cosign signature rides in one).
+    #[serde(default)]
+    pub annotations: std::collections::BTreeMap<String, String>,
 }
 
 /// An image manifest, as much of it as a plugin needs.
@@ -391,35 +394,81 @@ impl OciClient {
         reference: &Reference,
         module: &[u8],
     ) -> Result<Digest, OciError> {
-        let layer = Digest::of(module);
         let config = serde_json::to_vec(&json!({
             "architecture": "wasm",
             "os": "wasip2",
-            "layerDigests": [layer.as_str()],
+            "layerDigests": [Digest::of(module).as_str()],
         }))
         .expect("JSON serialises");
+        let layers = [(LAYER_MEDIA_TYPES[0], Bytes::copy_from_slice(module))];
+        self.push_image_unbounded(reference, CONFIG_MEDIA_TYPES[0], config, &layers)
+            .await
+    }
+
+    /// Pushes an image manifest of `config` (of media type `config_type`) and `layers` (media
+    /// type and bytes each) under the reference's tag, or by digest alone when it has none,
+    /// and returns the manifest's digest.
+    pub async fn push_image(
+        &self,
+        reference: &Reference,
+        config_type: &str,
+        config: Vec<u8>,
+        layers: &[(&str, Bytes)],
+    ) -> Result<Digest, OciError> {
+        self.within(
+            reference,
+            self.push_image_unbounded(reference, config_type, config, layers),
+        )
+        .await
+    }
+
+    async fn push_image_unbounded(
+        &self,
+        reference: &Reference,
+        config_type: &str,
+        config: Vec<u8>,
+        layers: &[(&str, Bytes)],
+    ) -> Result<Digest, OciError> {
         let config_digest = Digest::of(&config);
-        self.upload(reference, &config_digest, Bytes::from(config.clone()))
+        let size = config.len();
+        self.upload(reference, &config_digest, Bytes::from(config))
             .await?;
-        self.upload(reference, &layer, Bytes::copy_from_slice(module))
-            .await?;
+        let mut descriptors = Vec::new();
+        for (media_type, bytes) in layers {
+            let digest = Digest::of(bytes);
+            self.upload(reference, &digest, bytes.clone()).await?;
+            descriptors.push(json!({
+                "mediaType": media_type,
+                "digest": digest.as_str(),
+                "size": bytes.len(),
+            }));
+        }
         let manifest = serde_json::to_vec(&json!({
             "schemaVersion": 2,
             "mediaType": MANIFEST_MEDIA_TYPES[0],
             "config": {
-                "mediaType": CONFIG_MEDIA_TYPES[0],
+                "mediaType": config_type,
                 "digest": config_digest.as_str(),
-                "size": config.len(),
+                "size": size,
             },
-            "layers": [{
-                "mediaType": LAYER_MEDIA_TYPES[0],
-                "digest": layer.as_str(),
-                "size": module.len(),
-            }],
+            "layers": descriptors,
         }))
         .expect("JSON serialises");
         let digest = Digest::of(&manifest);
         let target = reference.tag.clone().unwrap_or_else(|| digest.to_string());
+        self.put_manifest(reference, &target, manifest).await?;
+        Ok(digest)
+    }
+
+    /// Stores `manifest` (an OCI image manifest) in the reference's repository under `target`,
+    /// a tag or its digest, and checks the digest the registry says it stored.
+    pub(super) async fn put_manifest(
+        &self,
+        reference: &Reference,
+        target: &str,
+        manifest: Vec<u8>,
+    ) -> Result<(), OciError> {
+        let digest = Digest::of(&manifest);
         let url = format!(
             "{}/v2/{}/manifests/{target}",
             self.base, reference.repository
@@ -447,12 +496,12 @@ impl OciClient {
                 got: stored,
             });
         }
-        Ok(digest)
+        Ok(())
     }
 
     /// One blob uploaded whole (a POST for the upload's place, then a PUT of the bytes), unless
     /// the registry has it already.
-    async fn upload(
+    pub(super) async fn upload(
         &self,
         reference: &Reference,
         digest: &Digest,
@@ -566,16 +615,18 @@ impl OciClient {
     }
 
     /// `work` within [`Limits::timeout`], all of its exchanges together.
-    async fn within<T>(
+    pub(super) async fn within<T, E: From<OciError>>(
         &self,
         reference: &Reference,
-        work: impl Future<Output = Result<T, OciError>>,
-    ) -> Result<T, OciError> {
+        work: impl Future<Output = Result<T, E>>,
+    ) -> Result<T, E> {
         tokio::time::timeout(self.limits.timeout, work)
             .await
-            .map_err(|_| OciError::Timeout {
-                url: format!("{}/v2/{}", self.base, reference.repository),
-                after: self.limits.timeout,
+            .map_err(|_| {
+                E::from(OciError::Timeout {
+                    url: format!("{}/v2/{}", self.base, reference.repository),
+                    after: self.limits.timeout,
+                })
             })?
     }
 

@@ -7,11 +7,19 @@
 //! `kubernetes.io/dockerconfigjson` Secret with an entry for the registry, so naming any other
 //! Secret (the artifact key, say) gives an error and sends nothing anywhere. The host reads
 //! only the Secrets its Role names; an admin grants `get` on each pull Secret.
+//!
+//! Before a byte of the module is fetched, the manifest's signature is checked when the
+//! admin's [`Policy`] asks for one.
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 
-use super::{Credentials, Descriptor, Digest, Limits, OciClient, OciError, Reference};
+use std::sync::Arc;
+
+use super::{
+    Credentials, Descriptor, Digest, Limits, OciClient, OciError, Policy, Reference, Requirement,
+    SignatureError,
+};
 
 /// Annotation on a plugin ConfigMap: the pull Secret, in the host's namespace.
 pub const PULL_SECRET_ANNOTATION: &str = "wasmop.io/pull-secret";
@@ -35,9 +43,21 @@ pub enum FetchError {
         /// Whether it may be fixed without a new version (created or granted later).
         transient: bool,
     },
+    /// The signature policy refused it.
+    #[error("signature: {0}")]
+    Signature(SignatureError),
     /// The registry's answer.
     #[error(transparent)]
     Registry(#[from] OciError),
+}
+
+impl From<SignatureError> for FetchError {
+    fn from(e: SignatureError) -> Self {
+        match e {
+            SignatureError::Registry(e) => FetchError::Registry(e),
+            e => FetchError::Signature(e),
+        }
+    }
 }
 
 impl FetchError {
@@ -47,6 +67,9 @@ impl FetchError {
     pub fn transient(&self) -> bool {
         match self {
             Self::Secret { transient, .. } => *transient,
+            // A signature is pushed after its module; a new version of the ConfigMap (or of
+            // the policy, by a restart) is what tries again.
+            Self::Signature(_) => false,
             Self::Registry(e) => match e {
                 OciError::Http { .. } | OciError::Timeout { .. } => true,
                 OciError::Status { status, .. } => {
@@ -64,19 +87,27 @@ pub struct Fetcher {
     client: kube::Client,
     namespace: String,
     limits: Limits,
+    policy: Arc<Policy>,
 }
 
 impl Fetcher {
-    /// A fetcher reading pull Secrets in `namespace`.
-    pub fn new(client: kube::Client, namespace: String, limits: Limits) -> Fetcher {
+    /// A fetcher reading pull Secrets in `namespace`, checking signatures as `policy` says.
+    pub fn new(
+        client: kube::Client,
+        namespace: String,
+        limits: Limits,
+        policy: Arc<Policy>,
+    ) -> Fetcher {
         Fetcher {
             client,
             namespace,
             limits,
+            policy,
         }
     }
 
-    /// A client for the reference's registry and the module layer its manifest names.
+    /// A client for the reference's registry and the module layer its manifest names, the
+    /// manifest's signature checked first when the policy wants one.
     pub async fn layer(
         &self,
         reference: &Reference,
@@ -87,7 +118,15 @@ impl Fetcher {
             None => None,
         };
         let client = OciClient::new(reference, credentials, self.limits)?;
-        let (_, layer, digest) = client.module_layer(reference).await?;
+        let (manifest, layer, digest) = client.module_layer(reference).await?;
+        match self.policy.requirement(reference) {
+            Requirement::None => {}
+            Requirement::Refused => return Err(SignatureError::Refused.into()),
+            Requirement::Signed(keys) => {
+                let by = client.verify(reference, &manifest, keys).await?;
+                tracing::info!(%reference, key = %by, "signature verified");
+            }
+        }
         Ok((client, layer, digest))
     }
 

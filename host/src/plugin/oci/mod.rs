@@ -1,6 +1,7 @@
 //! Plugins kept in an OCI registry: a reference parsed and checked ([`Reference`]), a module
-//! pulled by digest and pushed ([`OciClient`]), every answer bounded and hashed, and fetched
-//! for a plugin ConfigMap that names one ([`Fetcher`]; see [`super::source`]).
+//! pulled by digest and pushed ([`OciClient`]), every answer bounded and hashed, its cosign
+//! signature checked against the admin's [`Policy`], and fetched for a plugin ConfigMap that
+//! names one ([`Fetcher`]; see [`super::source`]).
 //!
 //! The layout is the CNCF wasm artifact's: an image manifest whose config is
 //! `application/vnd.wasm.config.v0+json` and whose one layer is `application/wasm`. On pull,
@@ -18,12 +19,17 @@
 mod client;
 mod fetch;
 mod reference;
+mod signature;
 
 use std::time::Duration;
 
 pub use client::{Credentials, Descriptor, Limits, Manifest, OciClient, Pulled};
 pub use fetch::{FetchError, Fetcher, PULL_SECRET_ANNOTATION};
 pub use reference::{Digest, Reference, SCHEME};
+pub use signature::{
+    PAYLOAD_MEDIA_TYPE, Policy, PublicKey, Requirement, Rule, SIGNATURE_ANNOTATION, SignatureError,
+    SigningKey, Unmatched, payload, signature_tag,
+};
 
 /// Manifest media types: what is pushed first, then what else is taken.
 pub const MANIFEST_MEDIA_TYPES: &[&str] = &[
