@@ -362,7 +362,9 @@ pub struct InspectArgs {
 /// `wasmop package`.
 #[derive(Debug, Args)]
 pub struct PackageArgs {
-    /// The plugin module (`.wasm`), or a script (`.star`).
+    /// The plugin module (`.wasm`), a script (`.star`), or a module in a registry
+    /// (`oci://REGISTRY/REPOSITORY[:TAG][@sha256:…]`: pulled and checked, a tag resolved to
+    /// its digest now, and the ConfigMap names it pinned).
     pub plugin: PathBuf,
     /// Name of the ConfigMap and of its module key (`<name>.wasm` or `<name>.wasm.gz`; a script keeps its file name).
     /// Defaults to the plugin's manifest name.
@@ -374,6 +376,13 @@ pub struct PackageArgs {
     /// Settings handed to every reconcile (YAML), stored as `settings.yaml`.
     #[arg(long)]
     pub settings: Option<PathBuf>,
+    /// For a registry module: the Docker config whose entry for the registry holds the
+    /// credentials to pull it here.
+    #[arg(long)]
+    pub docker_config: Option<PathBuf>,
+    /// For a registry module: the pull Secret the host uses (`wasmop.io/pull-secret`).
+    #[arg(long)]
+    pub pull_secret: Option<String>,
 }
 
 /// `wasmop push`.

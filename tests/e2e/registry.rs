@@ -67,6 +67,28 @@ async fn a_pushed_plugin_is_pulled_by_digest_and_a_moved_tag_changes_no_pin() {
     let now = client.pull(&by_tag).await.expect("pull by tag");
     assert_eq!(now.manifest, moved);
     assert_eq!(now.module, std::fs::read(v2).unwrap());
+
+    // `wasmop package` resolves the tag once, now, and its ConfigMap names the digest.
+    let out = std::process::Command::new(support::wasmop_bin())
+        .args(["package", &tag, "--pull-secret", "team-registry"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cm: k8s_openapi::api::core::v1::ConfigMap =
+        serde_yaml::from_slice(&out.stdout).expect("a ConfigMap");
+    assert_eq!(cm.metadata.name.as_deref(), Some("memcached"));
+    assert_eq!(
+        cm.data.unwrap()["plugin.oci"],
+        by_tag.pinned(moved.clone()).to_string()
+    );
+    assert_eq!(
+        cm.metadata.annotations.unwrap()["wasmop.io/pull-secret"],
+        "team-registry"
+    );
     assert_eq!(now.reference.digest, Some(moved));
 }
 

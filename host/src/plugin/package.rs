@@ -20,7 +20,8 @@ use kube::api::ObjectMeta;
 use wasmop_contract::names::is_dns1123_subdomain;
 
 use super::PLUGIN_LABEL;
-use super::source::SETTINGS_KEY;
+use super::oci::{PULL_SECRET_ANNOTATION, Reference};
+use super::source::{OCI_SUFFIX, SETTINGS_KEY};
 
 /// Largest total of a ConfigMap's values the API server accepts.
 pub const CONFIGMAP_LIMIT: usize = 1 << 20;
@@ -31,11 +32,15 @@ pub enum PackageError {
     /// Not a valid ConfigMap name.
     #[error("{0:?} is not a valid ConfigMap name (lowercase letters, digits, '-' and '.')")]
     Name(String),
+    /// A registry reference without a digest: what runs would follow the tag.
+    #[error("{0}: not pinned by digest")]
+    Unpinned(String),
     /// Too large even gzipped.
     #[error(
         "the module does not fit a ConfigMap: {raw} bytes, {gzipped} gzipped{settings}, and a \
          ConfigMap holds at most {CONFIGMAP_LIMIT} bytes; make it smaller (build with \
-         opt-level \"s\", strip debug info, drop dependencies)"
+         opt-level \"s\", strip debug info, drop dependencies) or keep it in a registry \
+         (`wasmop push`, then `wasmop package oci://…`)"
     )]
     TooLarge {
         /// The module's size.
@@ -138,6 +143,42 @@ pub fn package_script(
     })
 }
 
+/// Builds the ConfigMap named `name` in `namespace` that names the registry module
+/// `reference`, which must be pinned by digest, under `plugin.oci`, with `pull_secret` (a
+/// Secret in the host's namespace) as its pull Secret when given.
+pub fn package_reference(
+    reference: &Reference,
+    name: &str,
+    namespace: &str,
+    settings: Option<String>,
+    pull_secret: Option<&str>,
+) -> Result<Packaged, PackageError> {
+    if !is_dns1123_subdomain(name) {
+        return Err(PackageError::Name(name.to_string()));
+    }
+    if reference.digest.is_none() {
+        return Err(PackageError::Unpinned(reference.to_string()));
+    }
+    let key = format!("plugin{OCI_SUFFIX}");
+    let text = reference.to_string();
+    let mut configmap = labelled(name, namespace, settings);
+    configmap
+        .data
+        .get_or_insert_with(BTreeMap::new)
+        .insert(key.clone(), text.clone());
+    if let Some(secret) = pull_secret {
+        configmap.metadata.annotations = Some(BTreeMap::from([(
+            PULL_SECRET_ANNOTATION.to_string(),
+            secret.to_string(),
+        )]));
+    }
+    Ok(Packaged {
+        configmap,
+        key,
+        stored: text.len(),
+    })
+}
+
 /// A plugin ConfigMap with its label and settings, and no module yet.
 fn labelled(name: &str, namespace: &str, settings: Option<String>) -> ConfigMap {
     ConfigMap {
@@ -166,6 +207,23 @@ mod tests {
     use super::*;
     use crate::fixtures::noise;
     use crate::plugin::source;
+
+    #[test]
+    fn a_registry_module_is_named_pinned_or_not_at_all() {
+        let tag: Reference = "oci://reg.example/team/memcached:1".parse().unwrap();
+        assert!(matches!(
+            package_reference(&tag, "memcached", "ns", None, None),
+            Err(PackageError::Unpinned(_))
+        ));
+        let pinned = tag.pinned(super::super::oci::Digest::of(b"manifest"));
+        let p = package_reference(&pinned, "memcached", "ns", None, Some("pull")).unwrap();
+        assert_eq!(p.key, "plugin.oci");
+        assert_eq!(p.configmap.data.unwrap()["plugin.oci"], pinned.to_string());
+        assert_eq!(
+            p.configmap.metadata.annotations.unwrap()[PULL_SECRET_ANNOTATION],
+            "pull"
+        );
+    }
 
     #[test]
     fn a_script_is_stored_as_text_under_its_file_name_and_read_back() {
