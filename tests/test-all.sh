@@ -42,6 +42,8 @@ total=$SECONDS
 phase setup tests/setup.sh
 phase plane cargo run -q -p testenv -- build
 phase "lint: fmt" cargo fmt --all -- --check
+# A build from scratch (CI's) gains nothing from incremental caches, only the time to write them.
+if [ -n "${CI:-}" ]; then export CARGO_INCREMENTAL=0; fi
 # Clippy rides on the test build: clippy-driver wraps rustc for this workspace's crates, which
 # then compile once, linted with `-D warnings` (what `make lint` checks), instead of a check pass
 # and a build pass over every dependency. Later phases keep the wrapper, so cargo reuses these
