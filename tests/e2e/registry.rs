@@ -9,6 +9,8 @@
 //! once the registry is back. Signatures: `wasmop push --sign-key` signs as cosign does, a
 //! signature checks only against its key and its manifest, and a host whose policy requires
 //! one loads a signed plugin and refuses an unsigned one, keeping the signed one running.
+//! `wasmop package` pins a tag to its digest once; `wasmop rollout undo` goes back to a
+//! registry revision after the host restarted.
 
 use std::time::Duration;
 
@@ -467,4 +469,59 @@ async fn a_host_that_requires_signatures_loads_a_signed_plugin_and_refuses_an_un
     // The signed version runs on.
     env.memcached_ready("a", 3).await;
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn undo_to_a_registry_revision_works_after_a_restart() {
+    let registry = TestRegistry::start();
+    let repo = registry.reference("plugins/undone");
+    let pin1 = push(
+        std::path::Path::new(test_artifacts::MEMCACHED),
+        &format!("{repo}:v1"),
+    )
+    .to_string();
+    let pin2 = push(
+        std::path::Path::new(test_artifacts::MEMCACHED_V2),
+        &format!("{repo}:v2"),
+    )
+    .to_string();
+    let env = support::Env::new("oci-undo").await;
+    env.grant(
+        "memcached",
+        &test_artifacts::read(test_artifacts::MEMCACHED_V2),
+        &[],
+    )
+    .await;
+    put_reference(&env, "memcached", &pin1).await;
+    let host = env.start_host();
+    env.memcached_ready("a", 2).await;
+    put_reference(&env, "memcached", &pin2).await;
+    support::wait_event(&env, "ConfigMap", "memcached", "Swapped").await;
+    host.kill();
+
+    // A new host, whose memory holds nothing of the first: the revision alone names pin1.
+    let host = env.start_host();
+    let (ok, out) = env.wasmop(&["rollout", "undo", "memcached"]);
+    assert!(ok, "{out}");
+    assert!(out.contains("holds revision 1 again"), "{out}");
+    let cms: kube::Api<k8s_openapi::api::core::v1::ConfigMap> = env.ns.api();
+    let cm = cms.get("memcached").await.unwrap();
+    assert_eq!(cm.data.unwrap()["plugin.oci"], pin1);
+    testenv::wait_until(
+        "the first version, from the registry, to be live again",
+        support::TIMEOUT,
+        || async {
+            let (ok, history) = env.wasmop(&["rollout", "history", "memcached"]);
+            if ok { Ok(history) } else { Err(history) }
+        },
+        |history: &String| {
+            history.lines().any(|l| {
+                let row: Vec<&str> = l.split_whitespace().take(3).collect();
+                row.get(1) == Some(&"live") && row.get(2) == Some(&"0.1.0")
+            })
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nhost log:\n{}", host.logs()));
+    env.memcached_ready("a", 3).await;
 }

@@ -20,8 +20,8 @@ use crate::cli::{RolloutArgs, RolloutVerb};
 use crate::plugin::revision::{Phase, Revision, Revisions};
 use crate::plugin::rollout::{ABORT_ANNOTATION, PROMOTE_ANNOTATION};
 use crate::plugin::source::{
-    DEADLINE_ANNOTATION, MEMORY_ANNOTATION, RESPONSE_ANNOTATION, RESYNC_ANNOTATION, SETTINGS_KEY,
-    is_module_key,
+    DEADLINE_ANNOTATION, MEMORY_ANNOTATION, OCI_SUFFIX, RESPONSE_ANNOTATION, RESYNC_ANNOTATION,
+    SETTINGS_KEY, is_module_key,
 };
 use crate::sandbox::Language;
 
@@ -143,15 +143,17 @@ fn undo_target(all: &[Revision], to: Option<i64>) -> anyhow::Result<&Revision> {
 /// (an undo is never staged, even to a revision once aborted).
 fn restore(cm: &mut ConfigMap, stored: &ConfigMap, number: i64) {
     // The module (or script) and settings are the stored ones, wherever either was kept. A
-    // revision holds a script as bytes; it goes back as text, where people read it.
+    // revision holds a script or a registry reference as bytes; it goes back as text, where
+    // people read it.
     let mut binary = cm.binary_data.take().unwrap_or_default();
     binary.retain(|k, _| !is_module_key(k));
     let mut data = cm.data.take().unwrap_or_default();
     data.retain(|k, _| !is_module_key(k) && k != SETTINGS_KEY);
     data.extend(stored.data.clone().unwrap_or_default());
     for (key, bytes) in stored.binary_data.clone().unwrap_or_default() {
-        match (Language::of_key(&key), String::from_utf8(bytes.0.clone())) {
-            (Some(_), Ok(text)) => {
+        let text = Language::of_key(&key).is_some() || key.ends_with(OCI_SUFFIX);
+        match (text, String::from_utf8(bytes.0.clone())) {
+            (true, Ok(text)) => {
                 data.insert(key, text);
             }
             _ => {
@@ -309,6 +311,28 @@ mod tests {
         ];
         assert_eq!(undo_target(&canary, None).unwrap().number, 2);
         assert!(undo_target(&[rev(1, Phase::Live)], None).is_err());
+    }
+
+    #[test]
+    fn restore_puts_a_registry_reference_back_as_text() {
+        let reference = "oci://reg.example/team/memcached:1@sha256:00";
+        let stored = ConfigMap {
+            binary_data: Some(BTreeMap::from([(
+                "plugin.oci".into(),
+                ByteString(reference.as_bytes().to_vec()),
+            )])),
+            ..Default::default()
+        };
+        let mut cm = ConfigMap {
+            data: Some(BTreeMap::from([("plugin.oci".into(), "oci://x".into())])),
+            ..Default::default()
+        };
+        restore(&mut cm, &stored, 3);
+        assert_eq!(cm.binary_data, None);
+        assert_eq!(
+            cm.data,
+            Some(BTreeMap::from([("plugin.oci".into(), reference.into())]))
+        );
     }
 
     #[test]
