@@ -377,9 +377,25 @@ async fn a_signature_vouches_only_for_its_manifest_and_only_under_its_key() {
         .await
         .expect("the second signature");
     client
-        .verify(&signed, &d1, &[public])
+        .verify(&signed, &d1, std::slice::from_ref(&public))
         .await
         .expect("the first signature stays");
+    // Signing again with a key replaces its signature: two keys, two payload layers.
+    push_with(
+        v1,
+        &format!("{repo}:v1"),
+        &["--sign-key".as_ref(), dir.join("team.pem").as_os_str()],
+    );
+    let signatures: serde_json::Value = serde_json::from_slice(&manifest_bytes(
+        &registry,
+        &format!("plugins/signed/manifests/sha256-{}.sig", d1.hex()),
+    ))
+    .unwrap();
+    assert_eq!(signatures["layers"].as_array().unwrap().len(), 2);
+    client
+        .verify(&signed, &d1, &[public])
+        .await
+        .expect("the first key's new signature");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -11,10 +11,10 @@
 //! Before a byte of the module is fetched, the manifest's signature is checked when the
 //! admin's [`Policy`] asks for one.
 
+use std::sync::Arc;
+
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
-
-use std::sync::Arc;
 
 use super::{
     Credentials, Descriptor, Digest, Limits, OciClient, OciError, Policy, Reference, Requirement,
@@ -113,19 +113,20 @@ impl Fetcher {
         reference: &Reference,
         pull_secret: Option<&str>,
     ) -> Result<(OciClient, Descriptor, Digest), FetchError> {
+        // A reference the policy refuses outright is not even dialled.
+        let requirement = self.policy.requirement(reference);
+        if let Requirement::Refused = requirement {
+            return Err(SignatureError::Refused.into());
+        }
         let credentials = match pull_secret {
             Some(name) => Some(self.credentials(name, &reference.registry).await?),
             None => None,
         };
         let client = OciClient::new(reference, credentials, self.limits)?;
         let (manifest, layer, digest) = client.module_layer(reference).await?;
-        match self.policy.requirement(reference) {
-            Requirement::None => {}
-            Requirement::Refused => return Err(SignatureError::Refused.into()),
-            Requirement::Signed(keys) => {
-                let by = client.verify(reference, &manifest, keys).await?;
-                tracing::info!(%reference, key = %by, "signature verified");
-            }
+        if let Requirement::Signed(keys) = requirement {
+            let by = client.verify(reference, &manifest, keys).await?;
+            tracing::info!(%reference, key = %by, "signature verified");
         }
         Ok((client, layer, digest))
     }

@@ -471,6 +471,21 @@ impl OciClient {
             Err(OciError::Status { status: 404, .. }) => Vec::new(),
             Err(e) => return Err(e),
         };
+        // Signing again with the same key replaces that key's signature, so that signing on
+        // every push never buries other keys' signatures past what a verifier looks at.
+        let public = key.public_key();
+        layers.retain(|layer| {
+            let same_payload = layer["digest"].as_str() == Some(payload_digest.as_str());
+            let by_this_key = layer["annotations"][SIGNATURE_ANNOTATION]
+                .as_str()
+                .and_then(|s| STANDARD.decode(s).ok())
+                .is_some_and(|sig| {
+                    UnparsedPublicKey::new(&ECDSA_P256_SHA256_ASN1, &public.point)
+                        .verify(&payload, &sig)
+                        .is_ok()
+                });
+            !(same_payload && by_this_key)
+        });
         layers.push(json!({
             "mediaType": PAYLOAD_MEDIA_TYPE,
             "digest": payload_digest.as_str(),
