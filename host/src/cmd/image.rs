@@ -13,10 +13,8 @@ use bytes::Bytes;
 use serde_json::json;
 
 use crate::cli::ImageArgs;
-use crate::plugin::oci::{Digest, Limits, OciClient};
+use crate::plugin::oci::{Digest, IMAGE_CONFIG_MEDIA_TYPE, Limits, OciClient};
 
-/// Media type of the image config.
-pub const CONFIG_MEDIA_TYPE: &str = "application/vnd.oci.image.config.v1+json";
 /// Media type of the layer.
 pub const LAYER_MEDIA_TYPE: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
 /// The user and group the image runs as: distroless's `nonroot`.
@@ -45,7 +43,7 @@ pub fn run(args: ImageArgs) -> anyhow::Result<()> {
         registry
             .push_image(
                 &reference,
-                CONFIG_MEDIA_TYPE,
+                IMAGE_CONFIG_MEDIA_TYPE,
                 config,
                 &[(LAYER_MEDIA_TYPE, Bytes::from(layer))],
             )
@@ -96,18 +94,14 @@ fn libraries(binary: &Path) -> anyhow::Result<Vec<PathBuf>> {
         .output()
         .context("running ldd (libc-bin) to find the binary's libraries")?;
     let text = String::from_utf8_lossy(&out.stdout);
-    if !out.status.success() || text.contains("statically linked") {
-        if text.contains("not a dynamic executable")
-            || String::from_utf8_lossy(&out.stderr).contains("not a dynamic executable")
-            || text.contains("statically linked")
-        {
-            return Ok(Vec::new());
-        }
-        bail!(
-            "ldd {}: {}",
-            binary.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // A static binary: ldd says "statically linked", or fails with "not a dynamic executable".
+    let not_dynamic = |t: &str| t.contains("not a dynamic executable");
+    if text.contains("statically linked") || not_dynamic(&text) || not_dynamic(&stderr) {
+        return Ok(Vec::new());
+    }
+    if !out.status.success() {
+        bail!("ldd {}: {}", binary.display(), stderr.trim());
     }
     parse_ldd(&text).map_err(|e| anyhow::anyhow!("ldd {}: {e}", binary.display()))
 }

@@ -41,6 +41,8 @@ pub const CONFIG_MEDIA_TYPES: &[&str] = &[
     "application/vnd.wasm.config.v0+json",
     "application/vnd.wasm.config.v1+json",
 ];
+/// The config of an ordinary OCI image (a signature manifest's, the host's own image's).
+pub const IMAGE_CONFIG_MEDIA_TYPE: &str = "application/vnd.oci.image.config.v1+json";
 /// Module layer media types: the CNCF wasm layer (pushed), then Kubewarden's.
 pub const LAYER_MEDIA_TYPES: &[&str] = &[
     "application/wasm",

@@ -28,7 +28,9 @@ use ring::signature::{
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{Digest, MANIFEST_MEDIA_TYPES, Manifest, OciClient, OciError, Reference};
+use super::{
+    Digest, IMAGE_CONFIG_MEDIA_TYPE, MANIFEST_MEDIA_TYPES, Manifest, OciClient, OciError, Reference,
+};
 
 /// Media type of a simple-signing payload layer.
 pub const PAYLOAD_MEDIA_TYPE: &str = "application/vnd.dev.cosign.simplesigning.v1+json";
@@ -36,8 +38,6 @@ pub const PAYLOAD_MEDIA_TYPE: &str = "application/vnd.dev.cosign.simplesigning.v
 pub const SIGNATURE_ANNOTATION: &str = "dev.cosignproject.cosign/signature";
 /// The `critical.type` of a payload.
 const PAYLOAD_TYPE: &str = "cosign container image signature";
-/// Media type of the signature manifest's config.
-const SIGNATURE_CONFIG_MEDIA_TYPE: &str = "application/vnd.oci.image.config.v1+json";
 /// Signatures of one manifest looked at, at most.
 const MAX_SIGNATURES: usize = 16;
 /// Largest payload fetched.
@@ -509,7 +509,7 @@ impl OciClient {
             "schemaVersion": 2,
             "mediaType": MANIFEST_MEDIA_TYPES[0],
             "config": {
-                "mediaType": SIGNATURE_CONFIG_MEDIA_TYPE,
+                "mediaType": IMAGE_CONFIG_MEDIA_TYPE,
                 "digest": config_digest.as_str(),
                 "size": config.len(),
             },
