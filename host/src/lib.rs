@@ -8,7 +8,7 @@
 //!
 //! Shared below every stage: [`config`] (every default), [`client`] (timeouts and the
 //! leader's write fence), [`shard`] (sharding across replicas: hashes, ranges, the Leases that
-//! hold them), [`kinds`], [`watch`], [`telemetry`], [`text`], [`memory`]. Start a host with [`Host::new`] and [`Host::run`]; `docs/architecture.md` has
+//! hold them), [`kinds`], [`watch`], [`telemetry`], [`text`], [`memory`], [`disk`] (the cache directory's files). Start a host with [`Host::new`] and [`Host::run`]; `docs/architecture.md` has
 //! the module map. The binary `wasmop` is a thin shell over this library; see [`cli`] for its
 //! commands.
 
@@ -18,6 +18,7 @@ pub mod client;
 pub mod cmd;
 pub mod config;
 pub mod controller;
+pub mod disk;
 #[cfg(test)]
 mod fixtures;
 pub mod gather;

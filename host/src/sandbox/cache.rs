@@ -17,9 +17,7 @@
 use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use sha2::{Digest, Sha256};
@@ -28,6 +26,7 @@ use wasmtime::component::Component;
 
 use super::compile::{self, Compiler, Compiling, Input};
 use super::shared::{Artifact, Vouched};
+use crate::disk::{self, temp_name, write_atomic};
 use crate::text::hex;
 
 /// Components kept in memory; older ones are dropped first.
@@ -359,11 +358,7 @@ impl ArtifactCache {
             return None;
         }
         drop(bytes);
-        // Recently used, for eviction.
-        let _ = std::fs::File::options()
-            .write(true)
-            .open(&artifact)
-            .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+        disk::touch(&artifact);
         match map_file(engine, &artifact) {
             Ok(component) => Some(component),
             Err(e) => {
@@ -393,7 +388,13 @@ impl ArtifactCache {
     fn evict_for(&self, artifact: &Path) {
         // `<dir>/components`: older engines' artifacts count too.
         if let Some(root) = artifact.parent().and_then(Path::parent) {
-            let removed = evict(root, self.max_disk_bytes, artifact);
+            let removed = disk::evict(
+                root,
+                self.max_disk_bytes,
+                artifact,
+                "cwasm",
+                Some(".sha256"),
+            );
             if removed > 0 {
                 tracing::info!(
                     removed,
@@ -421,71 +422,6 @@ fn map_file(engine: &Engine, path: &Path) -> wasmtime::Result<Component> {
     }
 }
 
-/// Deletes the least recently used artifacts (and their checksums) under `root/*/` until they
-/// take at most `max_bytes`, never `keep`. Returns how many went.
-fn evict(root: &Path, max_bytes: u64, keep: &Path) -> usize {
-    let mut artifacts: Vec<(std::time::SystemTime, u64, PathBuf)> = std::fs::read_dir(root)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .flat_map(|engine| {
-            std::fs::read_dir(engine.path())
-                .into_iter()
-                .flatten()
-                .flatten()
-        })
-        .filter(|f| f.path().extension().is_some_and(|e| e == "cwasm"))
-        .filter_map(|f| {
-            let meta = f.metadata().ok()?;
-            Some((meta.modified().ok()?, meta.len(), f.path()))
-        })
-        .collect();
-    let mut total: u64 = artifacts.iter().map(|(_, len, _)| len).sum();
-    artifacts.sort();
-    let mut removed = 0;
-    for (_, len, path) in artifacts {
-        if total <= max_bytes {
-            break;
-        }
-        if path == keep {
-            continue;
-        }
-        if std::fs::remove_file(&path).is_ok() {
-            let _ = std::fs::remove_file(path.with_extension("cwasm.sha256"));
-            total -= len;
-            removed += 1;
-        }
-    }
-    removed
-}
-
-/// Writes `path` through a uniquely named temporary file and a rename, so readers see the old
-/// file or the whole new one.
-fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = temp_name(path);
-    let written = std::fs::File::create(&tmp).and_then(|mut f| {
-        f.write_all(bytes)?;
-        f.sync_all()
-    });
-    match written.and_then(|()| std::fs::rename(&tmp, path)) {
-        Ok(()) => Ok(()),
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            Err(e)
-        }
-    }
-}
-
-/// A name beside `path` that no other writer in any process uses.
-pub(crate) fn temp_name(path: &Path) -> PathBuf {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    path.with_extension(format!(
-        "tmp.{}.{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    ))
-}
-
 /// A stable name for the engine's compatibility: SHA-256 over the bytes its `Hash` feeds in.
 /// (`DefaultHasher`'s algorithm may change between Rust releases; this may not.)
 fn engine_key(engine: &Engine) -> String {
@@ -504,59 +440,5 @@ impl Hasher for Sha256Hasher {
 
     fn write(&mut self, bytes: &[u8]) {
         self.0.update(bytes);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn eviction_drops_the_least_recently_used_first_and_never_the_new_one() {
-        let root = std::env::temp_dir().join(format!("wasmop-evict-test-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
-        let (old_engine, engine) = (root.join("old"), root.join("new"));
-        std::fs::create_dir_all(&old_engine).unwrap();
-        std::fs::create_dir_all(&engine).unwrap();
-        let t0 = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000);
-        let put = |dir: &Path, name: &str, age: u64| {
-            let path = dir.join(format!("{name}.cwasm"));
-            std::fs::write(&path, vec![0u8; 100]).unwrap();
-            std::fs::write(path.with_extension("cwasm.sha256"), b"x").unwrap();
-            std::fs::File::options()
-                .write(true)
-                .open(&path)
-                .unwrap()
-                .set_modified(t0 + std::time::Duration::from_secs(age))
-                .unwrap();
-            path
-        };
-        let oldest = put(&old_engine, "a", 0);
-        let middle = put(&engine, "b", 10);
-        let newest = put(&engine, "c", 20);
-        // The one just written is the oldest by its clock: still kept.
-        let just_written = put(&engine, "d", 5);
-        assert_eq!(evict(&root, 250, &just_written), 2);
-        assert!(!oldest.exists() && !oldest.with_extension("cwasm.sha256").exists());
-        assert!(!middle.exists());
-        assert!(newest.exists() && just_written.exists());
-        assert_eq!(evict(&root, 250, &just_written), 0, "within the limit now");
-        std::fs::remove_dir_all(&root).unwrap();
-    }
-
-    #[test]
-    fn atomic_write_replaces() {
-        let dir = std::env::temp_dir().join(format!("wasmop-cache-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("x.bin");
-        write_atomic(&path, b"one").unwrap();
-        write_atomic(&path, b"two").unwrap();
-        assert_eq!(std::fs::read(&path).unwrap(), b"two");
-        assert_eq!(
-            std::fs::read_dir(&dir).unwrap().count(),
-            1,
-            "no temporary file left"
-        );
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

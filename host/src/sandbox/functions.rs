@@ -21,7 +21,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 
-use super::cache::temp_name;
+use crate::disk::temp_name;
 
 /// The first bytes of a pack.
 const MAGIC: &[u8] = b"wasmop functions 1\n";
