@@ -76,10 +76,14 @@ pub const BACKOFF_MAX: Duration = Duration::from_secs(300);
 /// host's own baseline it fits the 256 Mi limit of `deploy/`.
 pub const SANDBOX_MEMORY_MIB: u64 = 160;
 
-/// What the on-disk compile cache may hold, in MiB: half the 128 Mi `emptyDir` of `deploy/`
+/// What the on-disk compile cache may hold, in MiB: 64 of the 160 Mi `emptyDir` of `deploy/`
 /// (a compiled plugin takes one or two, a script's snapshot 16), and compiled functions half
 /// as much again.
 pub const COMPILE_CACHE_MIB: u64 = 64;
+/// What the on-disk cache of modules pulled from registries may hold, in MiB
+/// (`plugin::oci::ModuleCache`): with the compile cache and its compiled functions, 128 MiB,
+/// within the 160 Mi `emptyDir` of `deploy/`. A module past it is still kept, alone.
+pub const MODULE_CACHE_MIB: u64 = 32;
 /// How long compiling one module may take before its load fails. Compiling cannot be
 /// interrupted, so the thread runs on to the end in the background, holding its slot.
 pub const COMPILE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -125,9 +129,12 @@ pub const KIND_RETRY: Duration = Duration::from_secs(5);
 
 /// How often a plugin the host may not serve (missing RBAC) is checked again.
 pub const ACCESS_RETRY: Duration = Duration::from_secs(30);
-/// How soon a version whose registry was down, slow or refused its pull Secret is fetched
-/// again; the version before it keeps running meanwhile.
+/// How soon a version whose registry was down, slow or refused its pull Secret is first
+/// fetched again; the version before it keeps running meanwhile.
 pub const REGISTRY_RETRY: Duration = Duration::from_secs(10);
+/// The longest wait between fetches of such a version: each failed fetch doubles the wait
+/// from [`REGISTRY_RETRY`] up to this.
+pub const REGISTRY_RETRY_MAX: Duration = Duration::from_secs(300);
 
 /// Where `/healthz` and `/readyz` are served (`--probe-addr`).
 pub const PROBE_ADDR: &str = "0.0.0.0:8081";

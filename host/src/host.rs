@@ -37,7 +37,7 @@ use crate::config;
 use crate::controller::supervisor::Setup;
 use crate::controller::{self, ShardedSupervisor, Supervisor};
 use crate::plugin::artifacts::ClusterArtifacts;
-use crate::plugin::oci::Policy;
+use crate::plugin::oci::{ModuleCache, Policy};
 use crate::plugin::registry::Parts;
 use crate::plugin::rollout::Board;
 use crate::plugin::{Loader, Registry, Status};
@@ -196,6 +196,10 @@ impl Host {
             config.watch_namespace.clone(),
             config.controller.resync,
             config.signature_policy.clone(),
+            ModuleCache::new(
+                config.sandbox.cache_dir.as_deref(),
+                config::MODULE_CACHE_MIB << 20,
+            ),
         );
         let hub = Hub::new(
             client.clone(),

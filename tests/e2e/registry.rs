@@ -6,7 +6,9 @@
 //! a stopped registry is an error naming it. On the plane: a plugin 5 MiB past any
 //! ConfigMap runs from a `plugin.oci` reference; with the registry stopped, a new version
 //! waits (`LoadFailed` naming it) while the running one reconciles, and goes live by itself
-//! once the registry is back. Signatures: `wasmop push --sign-key` signs as cosign does, a
+//! once the registry is back; a host restarted while it is down loads the pinned module from
+//! its disk cache. A registry that asks for a login is answered from the Docker config
+//! `wasmop push` is given and from the pull Secret a ConfigMap names. Signatures: `wasmop push --sign-key` signs as cosign does, a
 //! signature checks only against its key and its manifest, and a host whose policy requires
 //! one loads a signed plugin and refuses an unsigned one, keeping the signed one running.
 //! `wasmop package` pins a tag to its digest once; `wasmop rollout undo` goes back to a
@@ -116,7 +118,7 @@ async fn every_answer_is_bounded_and_checked() {
     // (From the manifest's descriptor, not the blob's Content-Length: its message names the layer.)
     assert!(
         matches!(&err, OciError::TooLarge { size: Some(s), what, .. }
-            if *s == module.len() as u64 && what.starts_with("the module layer")),
+            if *s == module.len() as u64 && what.starts_with("the plugin layer")),
         "{err}"
     );
 
@@ -176,18 +178,24 @@ fn padded(wasm: &[u8], pad: usize) -> Vec<u8> {
     let mut payload = Vec::with_capacity(pad + 32);
     leb(name.len(), &mut payload);
     payload.extend_from_slice(name);
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    payload.extend((0..pad).map(|_| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x as u8
-    }));
+    payload.extend(support::noise(pad));
     let mut out = wasm.to_vec();
     out.push(0);
     leb(payload.len(), &mut out);
     out.extend_from_slice(&payload);
     out
+}
+
+/// A test's namespace where the plugin ConfigMap `memcached` may serve Memcached.
+async fn memcached_env(test: &str) -> support::Env {
+    let env = support::Env::new(test).await;
+    env.grant(
+        "memcached",
+        &test_artifacts::read(test_artifacts::MEMCACHED_V2),
+        &[],
+    )
+    .await;
+    env
 }
 
 /// A plugin ConfigMap that names `reference` instead of holding a module.
@@ -230,10 +238,12 @@ async fn a_plugin_no_configmap_could_hold_runs_from_the_registry_and_outlives_it
     let pin1 = push(&f1, &format!("{repo}:v1")).to_string();
     let pin2 = push(&f2, &format!("{repo}:v2")).to_string();
 
-    let env = support::Env::new("oci-plugin").await;
-    env.grant("memcached", &v2, &[]).await;
+    let env = memcached_env("oci-plugin").await;
     put_reference(&env, "memcached", &pin1).await;
-    let _host = env.start_host();
+    // A cache directory of its own, which the restart below reads.
+    let cache = dir.join("cache");
+    let cache = cache.to_str().unwrap();
+    let host = env.host().env("XDG_CACHE_HOME", cache).start();
     let loaded = support::wait_event(&env, "ConfigMap", "memcached", "Loaded").await;
     assert!(
         loaded
@@ -269,6 +279,15 @@ async fn a_plugin_no_configmap_could_hold_runs_from_the_registry_and_outlives_it
         "{swapped:?}"
     );
     env.memcached_ready("a", 1).await;
+
+    // Down again, and the host restarts: the pinned module comes from its disk cache, never
+    // dialled, and the new host reconciles with it.
+    registry.stop();
+    drop(host);
+    let host = env.host().env("XDG_CACHE_HOME", cache).start();
+    env.memcached_ready("a", 4).await;
+    let log = host.logs();
+    assert!(log.contains("module taken from the disk cache"), "{log}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -460,13 +479,7 @@ async fn a_host_that_requires_signatures_loads_a_signed_plugin_and_refuses_an_un
     )
     .unwrap();
 
-    let env = support::Env::new("oci-signed").await;
-    env.grant(
-        "memcached",
-        &test_artifacts::read(test_artifacts::MEMCACHED_V2),
-        &[],
-    )
-    .await;
+    let env = memcached_env("oci-signed").await;
     put_reference(&env, "memcached", &signed.to_string()).await;
     let _host = env
         .host()
@@ -501,13 +514,7 @@ async fn undo_to_a_registry_revision_works_after_a_restart() {
         &format!("{repo}:v2"),
     )
     .to_string();
-    let env = support::Env::new("oci-undo").await;
-    env.grant(
-        "memcached",
-        &test_artifacts::read(test_artifacts::MEMCACHED_V2),
-        &[],
-    )
-    .await;
+    let env = memcached_env("oci-undo").await;
     put_reference(&env, "memcached", &pin1).await;
     let host = env.start_host();
     env.memcached_ready("a", 2).await;
@@ -540,4 +547,167 @@ async fn undo_to_a_registry_revision_works_after_a_restart() {
     .await
     .unwrap_or_else(|e| panic!("{e}\nhost log:\n{}", host.logs()));
     env.memcached_ready("a", 3).await;
+}
+
+/// A Docker config with `user:password` for `registry`.
+fn docker_config(registry: &TestRegistry, user: &str, password: &str) -> Vec<u8> {
+    use base64::Engine as _;
+    let auth = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+    serde_json::to_vec(&serde_json::json!({"auths": {registry.addr.clone(): {"auth": auth}}}))
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_registry_that_asks_for_a_login_gets_the_pull_secrets() {
+    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    use kube::api::{Api, Patch, PatchParams, PostParams};
+    use wasmop::plugin::oci::Credentials;
+
+    let registry = TestRegistry::start_with_login("team", "s3cret");
+    let dir = temp_dir("oci-login");
+    let (good, bad) = (dir.join("good.json"), dir.join("bad.json"));
+    std::fs::write(&good, docker_config(&registry, "team", "s3cret")).unwrap();
+    std::fs::write(&bad, docker_config(&registry, "team", "guess")).unwrap();
+    let module = std::path::Path::new(test_artifacts::MEMCACHED);
+    let tag = format!("{}:v1", registry.reference("team/memcached"));
+
+    // Without a login, or with a wrong one, nothing is pushed, and the error says why.
+    let attempt = |config: Option<&std::path::Path>| {
+        let mut cmd = std::process::Command::new(support::wasmop_bin());
+        cmd.arg("push").arg(module).arg(&tag);
+        if let Some(config) = config {
+            cmd.arg("--docker-config").arg(config);
+        }
+        let out = cmd.output().unwrap();
+        assert!(!out.status.success(), "pushed without the right login");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let none = attempt(None);
+    assert!(
+        none.contains("asks for credentials and none were given"),
+        "{none}"
+    );
+    let wrong = attempt(Some(&bad));
+    assert!(wrong.contains("401"), "{wrong}");
+    let pinned = push_with(
+        module,
+        &tag,
+        &["--docker-config".as_ref(), good.as_os_str()],
+    );
+
+    // Pulled with the right login only.
+    let login = |file: &std::path::Path| {
+        Credentials::from_docker_config(&std::fs::read(file).unwrap(), &pinned.registry)
+            .unwrap()
+            .expect("an entry for the registry")
+    };
+    let err = OciClient::new(&pinned, Some(login(&bad)), Limits::default())
+        .unwrap()
+        .pull(&pinned)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, OciError::Status { status: 401, .. }), "{err}");
+    let pulled = OciClient::new(&pinned, Some(login(&good)), Limits::default())
+        .unwrap()
+        .pull(&pinned)
+        .await
+        .expect("pull with the login");
+    assert_eq!(pulled.module, std::fs::read(module).unwrap());
+
+    // On the plane: the ConfigMap names a pull Secret that is not there yet. The load waits,
+    // saying so, and goes on by itself once the Secret is created.
+    let env = memcached_env("oci-login").await;
+    let cm = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": "memcached",
+            "labels": {"wasmop.io/plugin": "true"},
+            "annotations": {"wasmop.io/pull-secret": "team-registry"},
+        },
+        "data": {"plugin.oci": pinned.to_string()},
+    });
+    let cms: Api<ConfigMap> = env.ns.api();
+    cms.patch(
+        "memcached",
+        &PatchParams::apply("e2e").force(),
+        &Patch::Apply(&cm),
+    )
+    .await
+    .unwrap();
+    let host = env.start_host();
+    let failed = support::wait_event(&env, "ConfigMap", "memcached", "LoadFailed").await;
+    let message = failed.message.unwrap_or_default();
+    assert!(
+        message.contains("team-registry") && message.contains("not found"),
+        "{message}"
+    );
+    let config = {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode(std::fs::read(&good).unwrap())
+    };
+    let secret: Secret = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "team-registry"},
+        "type": "kubernetes.io/dockerconfigjson",
+        "data": {".dockerconfigjson": config},
+    }))
+    .unwrap();
+    let secrets: Api<Secret> = env.ns.api();
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    support::wait_event(&env, "ConfigMap", "memcached", "Loaded").await;
+    env.memcached_ready("a", 2).await;
+    drop(host);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_script_plugin_runs_from_the_registry_under_a_key_that_names_its_language() {
+    let registry = TestRegistry::start();
+    let script = test_artifacts::workspace_root().join(crate::scripts::SCRIPT);
+    let pinned = push(
+        &script,
+        &format!("{}:v1", registry.reference("plugins/memcached-star")),
+    );
+    let client = OciClient::new(&pinned, None, Limits::default()).unwrap();
+    let pulled = client.pull(&pinned).await.expect("pull the script");
+    assert_eq!(pulled.module, std::fs::read(&script).unwrap());
+    assert_eq!(
+        pulled.layer.media_type,
+        wasmop::plugin::oci::STARLARK_LAYER_MEDIA_TYPE
+    );
+
+    // `wasmop package` names it under `plugin.star.oci`; the host loads it as a script.
+    let env = memcached_env("oci-script").await;
+    crate::scripts::apply_output(&env, &["package", &pinned.to_string()]).await;
+    let cms: kube::Api<k8s_openapi::api::core::v1::ConfigMap> = env.ns.api();
+    let cm = cms.get("memcached").await.unwrap();
+    assert_eq!(cm.data.unwrap()["plugin.star.oci"], pinned.to_string());
+    let _host = env.start_host();
+    let loaded = support::wait_event(&env, "ConfigMap", "memcached", "Loaded").await;
+    assert!(
+        loaded
+            .message
+            .as_deref()
+            .unwrap_or("")
+            .contains("memcached"),
+        "{loaded:?}"
+    );
+    env.memcached_ready("a", 2).await;
+
+    // The same script named as a module: refused before it reaches the compiler, saying
+    // which is which; the script runs on.
+    put_reference(&env, "memcached", &pinned.to_string()).await;
+    let failed = support::wait_event(&env, "ConfigMap", "memcached", "LoadFailed").await;
+    let message = failed.message.unwrap_or_default();
+    assert!(
+        message.contains("holds a Starlark script")
+            && message.contains("names a WebAssembly module"),
+        "{message}"
+    );
+    env.memcached_ready("a", 1).await;
 }

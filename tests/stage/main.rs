@@ -47,6 +47,7 @@ impl Stage {
             Some(ns.clone()),
             Duration::from_secs(600),
             Default::default(),
+            Default::default(),
         );
         let board = Board::default();
         let setup = Setup {

@@ -70,16 +70,18 @@ fn from_registry(
             .pull(&parsed)
             .await
     })?;
-    let plugin = offline::load(
-        "plugin.wasm",
-        &pulled.module,
-        crate::sandbox::Limits::default(),
-    )
-    .with_context(|| format!("loading the module of {}", pulled.reference))?;
+    let language = pulled.language();
+    let file = match language {
+        Some(language) => format!("plugin.{}", language.extension()),
+        None => "plugin.wasm".to_string(),
+    };
+    let plugin = offline::load(&file, &pulled.module, crate::sandbox::Limits::default())
+        .with_context(|| format!("loading the plugin of {}", pulled.reference))?;
     let manifest = plugin.manifest();
     let name = args.name.clone().unwrap_or_else(|| manifest.name.clone());
     let packaged = package_reference(
         &pulled.reference,
+        language,
         &name,
         &args.namespace,
         settings,

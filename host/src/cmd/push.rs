@@ -1,6 +1,6 @@
-//! `wasmop push`: a plugin module to a registry, as the one-layer wasm artifact
-//! [`crate::plugin::oci`] pulls, after loading it the way the host does (a module that would
-//! not load is not published). Prints the reference pinned to the manifest's digest: what a
+//! `wasmop push`: a plugin module (or a script plugin's script) to a registry, as the one-layer
+//! artifact [`crate::plugin::oci`] pulls, after loading it the way the host does (a plugin
+//! that would not load is not published). Prints the reference pinned to the manifest's digest: what a
 //! plugin ConfigMap names to run exactly this module. With `--sign-key`, the digest is also
 //! signed as cosign signs it ([`crate::plugin::oci::Policy`] says who must have).
 
@@ -12,12 +12,7 @@ use crate::plugin::oci::{Credentials, Limits, OciClient, Reference, SigningKey};
 /// Runs `wasmop push`.
 pub fn run(args: PushArgs) -> anyhow::Result<()> {
     let reference = target(&args.reference)?;
-    if crate::sandbox::Language::of_key(&args.plugin.to_string_lossy()).is_some() {
-        bail!(
-            "{}: scripts are published in their ConfigMap (`wasmop package`); a registry holds modules",
-            args.plugin.display()
-        );
-    }
+    let language = crate::sandbox::Language::of_key(&args.plugin.to_string_lossy());
     let (wasm, plugin) = crate::plugin::offline::load_file(&args.plugin)?;
     let credentials = credentials(args.docker_config.as_deref(), &reference)?;
     let key = match &args.sign_key {
@@ -37,7 +32,7 @@ pub fn run(args: PushArgs) -> anyhow::Result<()> {
         .context("starting the async runtime")?;
     let digest = runtime.block_on(async {
         let registry = OciClient::new(&reference, credentials, Limits::default())?;
-        let digest = registry.push(&reference, &wasm).await?;
+        let digest = registry.push_plugin(&reference, language, &wasm).await?;
         if let Some(key) = &key {
             registry.sign(&reference, &digest, key).await?;
             eprintln!(

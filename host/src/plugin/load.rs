@@ -121,16 +121,34 @@ impl LoadError {
         }
     }
 
-    /// When to try the same version again; `None` means only a new version can help.
-    pub fn retry_after(&self) -> Option<Duration> {
+    /// When to try the same version again after `attempts` tries that failed this way before;
+    /// `None` means only a new version can help.
+    pub fn retry_after(&self, attempts: u32) -> Option<Duration> {
         match self {
             Self::Source(_) | Self::Plugin(_) | Self::Discovery(_) | Self::Identity(_) => None,
             // The running version stays; the same one is fetched again once the registry is
-            // back (or the Secret is there).
-            Self::Registry { source, .. } => source.transient().then_some(config::REGISTRY_RETRY),
+            // back (or the Secret is there), less often the longer it is not.
+            Self::Registry { source, .. } => source.transient().then(|| {
+                config::REGISTRY_RETRY
+                    .saturating_mul(1 << attempts.min(16))
+                    .min(config::REGISTRY_RETRY_MAX)
+            }),
             Self::WaitingForKinds(_) => Some(config::KIND_RETRY),
             Self::Forbidden(_) | Self::Unchecked(_) => Some(config::ACCESS_RETRY),
         }
+    }
+
+    /// How the wait is described: the same words on every retry, so one Event tells it.
+    pub fn retry_note(&self, attempts: u32) -> Option<String> {
+        let first = self.retry_after(attempts)?;
+        Some(match self {
+            Self::Registry { .. } => format!(
+                "trying again after {}s, doubling to at most {}s",
+                config::REGISTRY_RETRY.as_secs(),
+                config::REGISTRY_RETRY_MAX.as_secs()
+            ),
+            _ => format!("checking again every {}s", first.as_secs()),
+        })
     }
 }
 
@@ -193,7 +211,7 @@ pub struct Loader {
 
 impl Loader {
     /// A loader compiling in `sandbox` and asking the cluster behind `client`, taking registry
-    /// plugins as the signature policy `signatures` says.
+    /// plugins as the signature policy `signatures` says and keeping them in `modules`.
     pub fn new(
         client: Client,
         namespace: String,
@@ -201,6 +219,7 @@ impl Loader {
         watch_namespace: Option<String>,
         resync: Duration,
         signatures: Arc<oci::Policy>,
+        modules: oci::ModuleCache,
     ) -> Self {
         Loader {
             fetcher: Fetcher::new(
@@ -208,6 +227,7 @@ impl Loader {
                 namespace.clone(),
                 oci::Limits::default(),
                 signatures,
+                modules,
             ),
             client,
             namespace,
@@ -226,7 +246,7 @@ impl Loader {
             let (module, _held) = self.module(&mut source).await?;
             match source.parts.language() {
                 Some(language) => {
-                    let file = source.key.clone();
+                    let file = source.parts.file().to_string();
                     self.sandbox
                         .load_script(language, file, module, source.limits)
                         .await
@@ -327,16 +347,20 @@ impl Loader {
             reference: reference.to_string(),
             source: e,
         };
-        let secret = source.parts.annotations.get(PULL_SECRET_ANNOTATION);
-        let (client, layer, digest) = self
+        let secret = source
+            .parts
+            .annotations
+            .get(PULL_SECRET_ANNOTATION)
+            .map(String::as_str);
+        let found = self
             .fetcher
-            .layer(&reference, secret.map(String::as_str))
+            .layer(&reference, secret, source.parts.language())
             .await
             .map_err(failed)?;
-        let permit = self.budget.reserve(layer.size).await;
+        let permit = self.budget.reserve(found.size()).await;
         let module = self
             .fetcher
-            .module(&client, &reference, &layer, &digest)
+            .module(found, &reference, secret)
             .await
             .map_err(failed)?;
         Ok((module, permit))
@@ -387,13 +411,47 @@ mod tests {
         let waiting =
             LoadError::WaitingForKinds(vec!["cache.example.com/v1alpha1 Memcached".into()]);
         assert_eq!(waiting.notice(), Notice::WaitingForKinds);
-        assert_eq!(waiting.retry_after(), Some(config::KIND_RETRY));
+        assert_eq!(waiting.retry_after(0), Some(config::KIND_RETRY));
+        assert_eq!(waiting.retry_after(5), Some(config::KIND_RETRY));
         assert_eq!(
             waiting.to_string(),
             "waiting for kinds to be served: cache.example.com/v1alpha1 Memcached"
         );
         let bad = LoadError::Discovery(ResolveError::Missing(Vec::new()));
         assert_eq!(bad.notice().reason(), "LoadFailed");
-        assert_eq!(bad.retry_after(), None);
+        assert_eq!(bad.retry_after(0), None);
+        assert_eq!(bad.retry_note(0), None);
+    }
+
+    #[test]
+    fn a_registry_that_is_down_is_asked_less_and_less_often() {
+        let down = LoadError::Registry {
+            configmap: "memcached".into(),
+            reference: "oci://127.0.0.1:5000/team/memcached@sha256:00".into(),
+            source: FetchError::Registry(oci::OciError::Timeout {
+                url: "http://127.0.0.1:5000/v2/team/memcached".into(),
+                after: Duration::from_secs(60),
+            }),
+        };
+        let delays: Vec<u64> = (0..8)
+            .map(|n| down.retry_after(n).unwrap().as_secs())
+            .collect();
+        assert_eq!(delays, [10, 20, 40, 80, 160, 300, 300, 300]);
+        assert_eq!(down.retry_after(u32::MAX), Some(config::REGISTRY_RETRY_MAX));
+        assert_eq!(
+            down.retry_note(0),
+            down.retry_note(3),
+            "one wording for every retry"
+        );
+        // A module that is wrong is not fetched again.
+        let wrong = LoadError::Registry {
+            configmap: "memcached".into(),
+            reference: "oci://127.0.0.1:5000/team/memcached@sha256:00".into(),
+            source: FetchError::Registry(oci::OciError::Manifest {
+                reference: "oci://127.0.0.1:5000/team/memcached@sha256:00".into(),
+                reason: "two module layers".into(),
+            }),
+        };
+        assert_eq!(wrong.retry_after(0), None);
     }
 }

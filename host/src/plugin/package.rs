@@ -22,6 +22,7 @@ use wasmop_contract::names::is_dns1123_subdomain;
 use super::PLUGIN_LABEL;
 use super::oci::{PULL_SECRET_ANNOTATION, Reference};
 use super::source::{OCI_SUFFIX, SETTINGS_KEY};
+use crate::sandbox::Language;
 
 /// Largest total of a ConfigMap's values the API server accepts.
 pub const CONFIGMAP_LIMIT: usize = 1 << 20;
@@ -143,11 +144,13 @@ pub fn package_script(
     })
 }
 
-/// Builds the ConfigMap named `name` in `namespace` that names the registry module
-/// `reference`, which must be pinned by digest, under `plugin.oci`, with `pull_secret` (a
-/// Secret in the host's namespace) as its pull Secret when given.
+/// Builds the ConfigMap named `name` in `namespace` that names the registry plugin
+/// `reference`, which must be pinned by digest, under `plugin.oci` (a module) or
+/// `plugin.star.oci` (a script in `language`), with `pull_secret` (a Secret in the host's
+/// namespace) as its pull Secret when given.
 pub fn package_reference(
     reference: &Reference,
+    language: Option<Language>,
     name: &str,
     namespace: &str,
     settings: Option<String>,
@@ -159,7 +162,10 @@ pub fn package_reference(
     if reference.digest.is_none() {
         return Err(PackageError::Unpinned(reference.to_string()));
     }
-    let key = format!("plugin{OCI_SUFFIX}");
+    let key = match language {
+        Some(language) => format!("plugin.{}{OCI_SUFFIX}", language.extension()),
+        None => format!("plugin{OCI_SUFFIX}"),
+    };
     let text = reference.to_string();
     let mut configmap = labelled(name, namespace, settings);
     configmap
@@ -212,16 +218,27 @@ mod tests {
     fn a_registry_module_is_named_pinned_or_not_at_all() {
         let tag: Reference = "oci://reg.example/team/memcached:1".parse().unwrap();
         assert!(matches!(
-            package_reference(&tag, "memcached", "ns", None, None),
+            package_reference(&tag, None, "memcached", "ns", None, None),
             Err(PackageError::Unpinned(_))
         ));
         let pinned = tag.pinned(super::super::oci::Digest::of(b"manifest"));
-        let p = package_reference(&pinned, "memcached", "ns", None, Some("pull")).unwrap();
+        let p = package_reference(&pinned, None, "memcached", "ns", None, Some("pull")).unwrap();
         assert_eq!(p.key, "plugin.oci");
         assert_eq!(p.configmap.data.unwrap()["plugin.oci"], pinned.to_string());
         assert_eq!(
             p.configmap.metadata.annotations.unwrap()[PULL_SECRET_ANNOTATION],
             "pull"
+        );
+        // A script: its language in the key, read back as a registry reference of a script.
+        let p =
+            package_reference(&pinned, Some(Language::Starlark), "m", "ns", None, None).unwrap();
+        assert_eq!(p.key, "plugin.star.oci");
+        let src = source::read_stored(&p.configmap, &Default::default(), None).unwrap();
+        assert_eq!(src.parts.language(), Some(Language::Starlark));
+        assert_eq!(src.parts.file(), "plugin.star");
+        assert_eq!(
+            src.parts.reference("m").unwrap().unwrap().to_string(),
+            pinned.to_string()
         );
     }
 

@@ -3,8 +3,8 @@
 //! A plugin ConfigMap carries the label [`PLUGIN_LABEL`] and exactly one module: a `binaryData`
 //! key ending in `.wasm` (raw) or `.wasm.gz` (gzip), or a script in a key whose extension names
 //! its language ([`Language::of_key`]: `.star` for Starlark), in `data` or `binaryData`.
-//! Or, for a module kept in an OCI registry, a key ending in [`OCI_SUFFIX`] (`plugin.oci`)
-//! whose value is a reference pinned by digest, `oci://REGISTRY/REPO[:TAG]@sha256:…` (what
+//! Or, for a module kept in an OCI registry, a key ending in [`OCI_SUFFIX`] (`plugin.oci`, or
+//! `plugin.star.oci` for a Starlark script) whose value is a reference pinned by digest, `oci://REGISTRY/REPO[:TAG]@sha256:…` (what
 //! `wasmop push` prints): the module is fetched when the version loads ([`super::oci`]), and
 //! a tag alone is refused, so that what runs changes only when the ConfigMap does.
 //! Optional keys and annotations:
@@ -113,7 +113,13 @@ pub struct Parts {
 impl Parts {
     /// The language of a script plugin; `None` for a WebAssembly module.
     pub fn language(&self) -> Option<Language> {
-        Language::of_key(&self.key)
+        Language::of_key(self.file())
+    }
+
+    /// The plugin's file name, for messages: the key, less [`OCI_SUFFIX`] for one kept in a
+    /// registry (`plugin.star.oci` holds `plugin.star`).
+    pub fn file(&self) -> &str {
+        self.key.strip_suffix(OCI_SUFFIX).unwrap_or(&self.key)
     }
 
     /// The registry reference of a module kept in one; `None` when the parts hold the module.
@@ -284,9 +290,19 @@ impl PluginSource {
         self.parts.module = Vec::new();
     }
 
-    /// True when `other` would load the same plugin with the same settings and limits.
+    /// True when `other` would load the same plugin with the same settings and limits: the
+    /// same bytes read the same way (a module, a script in the same language, or a registry
+    /// reference of either, pulled with the same Secret).
     pub fn same_as(&self, other: &PluginSource) -> bool {
+        fn read_as(s: &PluginSource) -> (Option<Language>, bool, Option<&String>) {
+            (
+                s.parts.language(),
+                s.parts.key.ends_with(OCI_SUFFIX),
+                s.parts.annotations.get(PULL_SECRET_ANNOTATION),
+            )
+        }
         self.digest == other.digest
+            && read_as(self) == read_as(other)
             && self.settings == other.settings
             && self.limits == other.limits
             && self.resync == other.resync
@@ -679,6 +695,27 @@ mod tests {
     use kube::api::ObjectMeta;
 
     use super::*;
+
+    #[test]
+    fn the_same_reference_read_another_way_is_another_version() {
+        let pin = format!(
+            "oci://registry.example/team/memcached@sha256:{}",
+            "a".repeat(64)
+        );
+        let read = |key: &str, ann: &[(&str, &str)]| {
+            read_stored(&cm(&[], &[(key, &pin)], ann), &Limits::default(), None).unwrap()
+        };
+        let module = read("plugin.oci", &[]);
+        assert!(
+            module.same_as(&read("other.oci", &[])),
+            "only the key's name"
+        );
+        let script = read("plugin.star.oci", &[]);
+        assert_eq!(script.digest, module.digest);
+        assert!(!script.same_as(&module), "a script, not a module");
+        let secret = read("plugin.oci", &[(PULL_SECRET_ANNOTATION, "team")]);
+        assert!(!secret.same_as(&module), "pulled with another Secret");
+    }
 
     #[test]
     fn a_registry_reference_must_be_pinned_and_stands_for_its_manifest() {

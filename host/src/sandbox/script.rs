@@ -99,7 +99,16 @@ pub enum Language {
 impl Language {
     /// The language of a script held under `key`, if it names one.
     pub fn of_key(key: &str) -> Option<Self> {
-        key.ends_with(".star").then_some(Self::Starlark)
+        key.strip_suffix(Self::Starlark.extension())
+            .is_some_and(|rest| rest.ends_with('.'))
+            .then_some(Self::Starlark)
+    }
+
+    /// The file extension of its scripts, without the dot.
+    pub fn extension(self) -> &'static str {
+        match self {
+            Self::Starlark => "star",
+        }
     }
 
     /// The language's name, as a child compiler is told it.

@@ -1,10 +1,11 @@
 //! A real OCI registry on loopback for the registry tests: Debian's `docker-registry`
 //! (distribution 2.8), unpacked by `tests/setup.sh` into `~/.cache/wasmop/registry/`, or the
 //! one on `PATH`, or `WASMOP_TEST_REGISTRY`. Its storage is a directory of its own; dropping
-//! the handle kills it and removes that directory.
+//! the handle kills it and removes that directory. [`TestRegistry::start_with_login`] starts
+//! one that asks for a user and password (distribution's htpasswd, a Basic challenge).
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -13,6 +14,8 @@ use std::time::{Duration, Instant};
 pub struct TestRegistry {
     child: Child,
     dir: PathBuf,
+    /// The htpasswd file, when it asks for a login.
+    htpasswd: Option<PathBuf>,
     /// `127.0.0.1:PORT`.
     pub addr: String,
 }
@@ -36,6 +39,17 @@ pub fn binary() -> PathBuf {
 impl TestRegistry {
     /// Starts one on a free loopback port and waits until it listens.
     pub fn start() -> TestRegistry {
+        Self::start_in(None)
+    }
+
+    /// Starts one that takes only `user` with `password`, on a free loopback port.
+    pub fn start_with_login(user: &str, password: &str) -> TestRegistry {
+        // The lowest cost bcrypt takes: the registry checks it on every request.
+        let hash = bcrypt::hash(password, 4).expect("bcrypt");
+        Self::start_in(Some(format!("{user}:{hash}\n")))
+    }
+
+    fn start_in(htpasswd: Option<String>) -> TestRegistry {
         static N: AtomicUsize = AtomicUsize::new(0);
         let dir = std::env::temp_dir().join(format!(
             "wasmop-registry-{}-{}",
@@ -43,8 +57,18 @@ impl TestRegistry {
             N.fetch_add(1, Ordering::Relaxed)
         ));
         std::fs::create_dir_all(dir.join("data")).expect("registry directory");
-        let (child, addr) = spawn(&dir, "127.0.0.1:0");
-        TestRegistry { child, dir, addr }
+        let htpasswd = htpasswd.map(|lines| {
+            let path = dir.join("htpasswd");
+            std::fs::write(&path, lines).expect("htpasswd");
+            path
+        });
+        let (child, addr) = spawn(&dir, "127.0.0.1:0", htpasswd.as_deref());
+        TestRegistry {
+            child,
+            dir,
+            htpasswd,
+            addr,
+        }
     }
 
     /// `oci://ADDR/REPO`.
@@ -61,19 +85,28 @@ impl TestRegistry {
     /// Starts it again on the same address with the same storage, as a registry back up.
     pub fn restart(&mut self) {
         self.stop();
-        let (child, addr) = spawn(&self.dir, &self.addr);
+        let (child, addr) = spawn(&self.dir, &self.addr, self.htpasswd.as_deref());
         assert_eq!(addr, self.addr, "the registry came back elsewhere");
         self.child = child;
     }
 }
 
-/// A registry serving `dir/data` on `addr`, and where it listens.
-fn spawn(dir: &std::path::Path, addr: &str) -> (Child, String) {
+/// A registry serving `dir/data` on `addr`, asking for a login in `htpasswd` if given, and
+/// where it listens.
+fn spawn(dir: &std::path::Path, addr: &str, htpasswd: Option<&Path>) -> (Child, String) {
     let config = dir.join(format!("config-{}.yml", addr.replace(':', "-")));
+    let auth = htpasswd
+        .map(|p| {
+            format!(
+                "auth:\n  htpasswd:\n    realm: wasmop-test\n    path: {}\n",
+                p.display()
+            )
+        })
+        .unwrap_or_default();
     std::fs::write(
             &config,
             format!(
-                "version: 0.1\nlog:\n  level: info\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {addr}\n  secret: wasmop-test\n",
+                "version: 0.1\nlog:\n  level: info\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {addr}\n  secret: wasmop-test\n{auth}",
                 dir.join("data").display()
             ),
         )

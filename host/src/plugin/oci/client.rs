@@ -25,7 +25,11 @@ use sha2::{Digest as _, Sha256};
 use tokio::sync::Mutex;
 
 use super::reference::{Digest, Reference};
-use super::{CONFIG_MEDIA_TYPES, LAYER_MEDIA_TYPES, MANIFEST_MEDIA_TYPES, OciError};
+use super::{
+    CONFIG_MEDIA_TYPES, LAYER_MEDIA_TYPES, MANIFEST_MEDIA_TYPES, OciError, SCRIPT_MAX_BYTES,
+    STARLARK_LAYER_MEDIA_TYPE, layer_language, layer_media_type,
+};
+use crate::sandbox::Language;
 
 type Https = hyper_rustls::HttpsConnector<HttpConnector>;
 
@@ -166,8 +170,15 @@ pub struct Pulled {
     pub manifest: Digest,
     /// The module layer's descriptor.
     pub layer: Descriptor,
-    /// The module.
+    /// The module (or a script plugin's script: see [`Pulled::language`]).
     pub module: Vec<u8>,
+}
+
+impl Pulled {
+    /// The language of a script plugin; `None` for a module.
+    pub fn language(&self) -> Option<Language> {
+        layer_language(&self.layer.media_type).flatten()
+    }
 }
 
 /// A client of one registry.
@@ -306,26 +317,30 @@ impl OciClient {
         let modules: Vec<&Descriptor> = manifest
             .layers
             .iter()
-            .filter(|l| LAYER_MEDIA_TYPES.contains(&l.media_type.as_str()))
+            .filter(|l| layer_language(&l.media_type).is_some())
             .collect();
         let [layer] = modules[..] else {
             return Err(bad(format!(
-                "{} layers of a module type ({}); a plugin has exactly one",
+                "{} layers of a plugin type ({}, {STARLARK_LAYER_MEDIA_TYPE}); a plugin has exactly one",
                 modules.len(),
                 LAYER_MEDIA_TYPES.join(", ")
             )));
         };
-        if layer.size > self.limits.blob_bytes {
+        let limit = match layer_language(&layer.media_type) {
+            Some(Some(_)) => self.limits.blob_bytes.min(SCRIPT_MAX_BYTES),
+            _ => self.limits.blob_bytes,
+        };
+        if layer.size > limit {
             return Err(OciError::TooLarge {
-                what: format!("the module layer {} of {reference}", layer.digest),
-                limit: self.limits.blob_bytes,
+                what: format!("the plugin layer {} of {reference}", layer.digest),
+                limit,
                 size: Some(layer.size),
             });
         }
         let digest: Digest = layer
             .digest
             .parse()
-            .map_err(|e| bad(format!("the module layer: {e}")))?;
+            .map_err(|e| bad(format!("the plugin layer: {e}")))?;
         Ok((manifest_digest, layer.clone(), digest))
     }
 
@@ -385,13 +400,25 @@ impl OciClient {
     /// tag, or by digest alone when it has none, and returns the manifest's digest. The same
     /// module always makes the same manifest: nothing in it is a time or a name.
     pub async fn push(&self, reference: &Reference, module: &[u8]) -> Result<Digest, OciError> {
-        self.within(reference, self.push_unbounded(reference, module))
+        self.push_plugin(reference, None, module).await
+    }
+
+    /// [`Self::push`] for a plugin in `language` (a module for `None`): a script is the layer,
+    /// of its language's media type ([`super::layer_media_type`]).
+    pub async fn push_plugin(
+        &self,
+        reference: &Reference,
+        language: Option<Language>,
+        module: &[u8],
+    ) -> Result<Digest, OciError> {
+        self.within(reference, self.push_unbounded(reference, language, module))
             .await
     }
 
     async fn push_unbounded(
         &self,
         reference: &Reference,
+        language: Option<Language>,
         module: &[u8],
     ) -> Result<Digest, OciError> {
         let config = serde_json::to_vec(&json!({
@@ -400,7 +427,7 @@ impl OciClient {
             "layerDigests": [Digest::of(module).as_str()],
         }))
         .expect("JSON serialises");
-        let layers = [(LAYER_MEDIA_TYPES[0], Bytes::copy_from_slice(module))];
+        let layers = [(layer_media_type(language), Bytes::copy_from_slice(module))];
         self.push_image_unbounded(reference, CONFIG_MEDIA_TYPES[0], config, &layers)
             .await
     }

@@ -9,17 +9,21 @@
 //! only the Secrets its Role names; an admin grants `get` on each pull Secret.
 //!
 //! Before a byte of the module is fetched, the manifest's signature is checked when the
-//! admin's [`Policy`] asks for one.
+//! admin's [`Policy`] asks for one. What is pulled is kept on disk ([`ModuleCache`]); a
+//! reference pinned to a manifest kept there is loaded from it without dialling the registry.
 
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 
+use super::cache::{Entry, ModuleCache, access};
 use super::{
     Credentials, Descriptor, Digest, Limits, OciClient, OciError, Policy, Reference, Requirement,
     SignatureError,
 };
+use super::{layer_language, plugin_kind};
+use crate::sandbox::Language;
 
 /// Annotation on a plugin ConfigMap: the pull Secret, in the host's namespace.
 pub const PULL_SECRET_ANNOTATION: &str = "wasmop.io/pull-secret";
@@ -81,6 +85,58 @@ impl FetchError {
     }
 }
 
+/// Where a module comes from, once its manifest is known: what the loader reserves its size
+/// by before a byte of it is read.
+#[derive(Debug)]
+pub enum Found {
+    /// The disk cache holds it.
+    Cached {
+        /// The manifest's digest.
+        manifest: Digest,
+        /// What the cache says of it.
+        entry: Entry,
+        /// What the registry has just said of it besides (a key verified, a login let in),
+        /// to record once the module is read.
+        update: Option<Box<Entry>>,
+    },
+    /// The registry.
+    Remote(Box<Remote>),
+}
+
+/// A manifest read from its registry, its signature checked, its module not yet fetched.
+#[derive(Debug)]
+pub struct Remote {
+    client: OciClient,
+    manifest: Digest,
+    layer: Descriptor,
+    digest: Digest,
+    verified_by: Option<String>,
+    access: String,
+}
+
+impl Remote {
+    /// What the cache records of this pull.
+    fn entry(&self) -> Entry {
+        Entry::new(
+            &self.digest,
+            &self.layer.media_type,
+            self.layer.size,
+            self.access.clone(),
+            self.verified_by.clone(),
+        )
+    }
+}
+
+impl Found {
+    /// The module's size, as the manifest says it.
+    pub fn size(&self) -> u64 {
+        match self {
+            Found::Cached { entry, .. } => entry.size,
+            Found::Remote(remote) => remote.layer.size,
+        }
+    }
+}
+
 /// Fetches plugin modules from registries for the loader.
 #[derive(Clone)]
 pub struct Fetcher {
@@ -88,58 +144,178 @@ pub struct Fetcher {
     namespace: String,
     limits: Limits,
     policy: Arc<Policy>,
+    cache: ModuleCache,
 }
 
 impl Fetcher {
-    /// A fetcher reading pull Secrets in `namespace`, checking signatures as `policy` says.
+    /// A fetcher reading pull Secrets in `namespace`, checking signatures as `policy` says,
+    /// keeping what it pulls in `cache`.
     pub fn new(
         client: kube::Client,
         namespace: String,
         limits: Limits,
         policy: Arc<Policy>,
+        cache: ModuleCache,
     ) -> Fetcher {
         Fetcher {
             client,
             namespace,
             limits,
             policy,
+            cache,
         }
     }
 
-    /// A client for the reference's registry and the module layer its manifest names, the
-    /// manifest's signature checked first when the policy wants one.
+    /// Where the plugin of `reference` is, which must be in `language` (a module for `None`):
+    /// the disk cache, without dialling the registry, when the reference is pinned to a
+    /// manifest it holds that the same registry, repository and login pulled (and a key the
+    /// policy trusts verified, if it asks for one); else the registry, the manifest's
+    /// signature checked first when the policy wants one, and the module taken from the cache
+    /// if it holds it by then. The pull Secret is read either way.
     pub async fn layer(
         &self,
         reference: &Reference,
         pull_secret: Option<&str>,
-    ) -> Result<(OciClient, Descriptor, Digest), FetchError> {
+        language: Option<Language>,
+    ) -> Result<Found, FetchError> {
         // A reference the policy refuses outright is not even dialled.
         let requirement = self.policy.requirement(reference);
         if let Requirement::Refused = requirement {
             return Err(SignatureError::Refused.into());
         }
-        let credentials = match pull_secret {
+        let credentials = self.login(reference, pull_secret).await?;
+        let access = access(
+            &reference.registry,
+            &reference.repository,
+            credentials.as_ref(),
+        );
+        if let Some(pin) = &reference.digest
+            && let Some(entry) = self.cache.entry(pin, &requirement, Some(&access))
+        {
+            same_kind(reference, &entry.media_type, language)?;
+            return Ok(Found::Cached {
+                manifest: pin.clone(),
+                entry,
+                update: None,
+            });
+        }
+        let remote = self
+            .remote(reference, credentials, requirement, access)
+            .await?;
+        same_kind(reference, &remote.layer.media_type, language)?;
+        // Kept before, for another login or key: the registry has just let this one have
+        // the manifest (and the policy's key verified it), so only the download is saved.
+        let update = remote.entry();
+        match self.cache.entry(&remote.manifest, &Requirement::None, None) {
+            Some(entry) if entry.layer == update.layer && entry.media_type == update.media_type => {
+                Ok(Found::Cached {
+                    manifest: remote.manifest,
+                    entry,
+                    update: Some(Box::new(update)),
+                })
+            }
+            _ => Ok(Found::Remote(Box::new(remote))),
+        }
+    }
+
+    /// The credentials of the pull Secret, if the ConfigMap names one.
+    async fn login(
+        &self,
+        reference: &Reference,
+        pull_secret: Option<&str>,
+    ) -> Result<Option<Credentials>, FetchError> {
+        Ok(match pull_secret {
             Some(name) => Some(self.credentials(name, &reference.registry).await?),
             None => None,
-        };
+        })
+    }
+
+    /// The manifest from the registry, its signature checked as `requirement` says.
+    async fn remote(
+        &self,
+        reference: &Reference,
+        credentials: Option<Credentials>,
+        requirement: Requirement<'_>,
+        access: String,
+    ) -> Result<Remote, FetchError> {
         let client = OciClient::new(reference, credentials, self.limits)?;
         let (manifest, layer, digest) = client.module_layer(reference).await?;
+        let mut verified_by = None;
         if let Requirement::Signed(keys) = requirement {
             let by = client.verify(reference, &manifest, keys).await?;
             tracing::info!(%reference, key = %by, "signature verified");
+            verified_by = Some(by);
         }
-        Ok((client, layer, digest))
+        Ok(Remote {
+            client,
+            manifest,
+            layer,
+            digest,
+            verified_by,
+            access,
+        })
     }
 
-    /// The module layer, checked against its descriptor.
+    /// The module, checked against its descriptor (or its cache entry), and kept in the cache.
+    /// A cached module that fails its check is pulled again.
     pub async fn module(
         &self,
-        client: &OciClient,
+        found: Found,
         reference: &Reference,
-        layer: &Descriptor,
-        digest: &Digest,
+        pull_secret: Option<&str>,
     ) -> Result<Vec<u8>, FetchError> {
-        Ok(client.blob(reference, digest, layer.size).await?)
+        let remote = match found {
+            Found::Remote(remote) => *remote,
+            Found::Cached {
+                manifest,
+                entry,
+                update,
+            } => {
+                let cache = self.cache.clone();
+                let read = tokio::task::spawn_blocking(move || {
+                    let module = cache.read(&manifest, &entry)?;
+                    if let Some(update) = update {
+                        cache.record(&manifest, &update);
+                    }
+                    Some(module)
+                })
+                .await
+                .ok()
+                .flatten();
+                if let Some(module) = read {
+                    tracing::info!(%reference, "module taken from the disk cache");
+                    return Ok(module);
+                }
+                let credentials = self.login(reference, pull_secret).await?;
+                let access = access(
+                    &reference.registry,
+                    &reference.repository,
+                    credentials.as_ref(),
+                );
+                let requirement = self.policy.requirement(reference);
+                self.remote(reference, credentials, requirement, access)
+                    .await?
+            }
+        };
+        let entry = remote.entry();
+        let Remote {
+            client,
+            manifest,
+            layer,
+            digest,
+            ..
+        } = remote;
+        let module = client.blob(reference, &digest, layer.size).await?;
+        let cache = self.cache.clone();
+        Ok(tokio::task::spawn_blocking(move || {
+            cache.store(&manifest, &module, entry);
+            module
+        })
+        .await
+        .map_err(|e| OciError::Protocol {
+            url: reference.to_string(),
+            reason: format!("keeping the module: {e}"),
+        })?)
     }
 
     async fn credentials(&self, name: &str, registry: &str) -> Result<Credentials, FetchError> {
@@ -182,4 +358,26 @@ impl Fetcher {
             .map_err(|e| fail(e, false))?
             .ok_or_else(|| fail(format!("no entry for {registry}"), false))
     }
+}
+
+/// Refuses a layer that holds another kind of plugin than the ConfigMap's key names: a module
+/// handed to the script interpreter, or a script to the compiler, would fail with a message
+/// about the wrong thing.
+fn same_kind(
+    reference: &Reference,
+    media_type: &str,
+    language: Option<Language>,
+) -> Result<(), FetchError> {
+    let held = layer_language(media_type).flatten();
+    if held == language {
+        return Ok(());
+    }
+    Err(FetchError::Registry(OciError::Manifest {
+        reference: reference.to_string(),
+        reason: format!(
+            "it holds {}, and the ConfigMap's key names {}: a module goes under a key like plugin.oci, a Starlark script under one like plugin.star.oci",
+            plugin_kind(held),
+            plugin_kind(language)
+        ),
+    }))
 }

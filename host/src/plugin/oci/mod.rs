@@ -1,11 +1,13 @@
 //! Plugins kept in an OCI registry: a reference parsed and checked ([`Reference`]), a module
 //! pulled by digest and pushed ([`OciClient`]), every answer bounded and hashed, its cosign
 //! signature checked against the admin's [`Policy`], and fetched for a plugin ConfigMap that
-//! names one ([`Fetcher`]; see [`super::source`]).
+//! names one ([`Fetcher`]; see [`super::source`]) and kept on disk by digest ([`ModuleCache`]).
 //!
 //! The layout is the CNCF wasm artifact's: an image manifest whose config is
 //! `application/vnd.wasm.config.v0+json` and whose one layer is `application/wasm`. On pull,
-//! Kubewarden's media types are taken too, so policies' tooling can publish plugins.
+//! Kubewarden's media types are taken too, so policies' tooling can publish plugins. A script
+//! plugin is the same artifact with its script as the layer, of a media type naming its
+//! language ([`STARLARK_LAYER_MEDIA_TYPE`]).
 //!
 //! ```
 //! use wasmop::plugin::oci::Reference;
@@ -16,6 +18,7 @@
 //! assert!("oci://registry.example/Team/x".parse::<Reference>().is_err());
 //! ```
 
+mod cache;
 mod client;
 mod fetch;
 mod reference;
@@ -23,8 +26,11 @@ mod signature;
 
 use std::time::Duration;
 
+use crate::sandbox::Language;
+
+pub use cache::{Entry, ModuleCache, access};
 pub use client::{Credentials, Descriptor, Limits, Manifest, OciClient, Pulled};
-pub use fetch::{FetchError, Fetcher, PULL_SECRET_ANNOTATION};
+pub use fetch::{FetchError, Fetcher, Found, PULL_SECRET_ANNOTATION, Remote};
 pub use reference::{Digest, Reference, SCHEME};
 pub use signature::{
     PAYLOAD_MEDIA_TYPE, Policy, PublicKey, Requirement, Rule, SIGNATURE_ANNOTATION, SignatureError,
@@ -48,6 +54,39 @@ pub const LAYER_MEDIA_TYPES: &[&str] = &[
     "application/wasm",
     "application/vnd.wasm.content.layer.v1+wasm",
 ];
+/// The layer media type of a Starlark script plugin (a ConfigMap names one under a key ending
+/// in `.star.oci`).
+pub const STARLARK_LAYER_MEDIA_TYPE: &str = "application/vnd.wasmop.script.starlark";
+/// The largest script a registry may hold for a plugin: what a ConfigMap could.
+pub const SCRIPT_MAX_BYTES: u64 = 1 << 20;
+
+/// What a plugin layer of `media_type` holds: `Some(None)` a module, `Some(Some(language))` a
+/// script; `None` when it is no plugin's.
+pub fn layer_language(media_type: &str) -> Option<Option<Language>> {
+    if LAYER_MEDIA_TYPES.contains(&media_type) {
+        Some(None)
+    } else if media_type == STARLARK_LAYER_MEDIA_TYPE {
+        Some(Some(Language::Starlark))
+    } else {
+        None
+    }
+}
+
+/// The layer media type a plugin in `language` (a module for `None`) is pushed as.
+pub fn layer_media_type(language: Option<Language>) -> &'static str {
+    match language {
+        None => LAYER_MEDIA_TYPES[0],
+        Some(Language::Starlark) => STARLARK_LAYER_MEDIA_TYPE,
+    }
+}
+
+/// What a plugin of `language` is called in messages.
+pub fn plugin_kind(language: Option<Language>) -> &'static str {
+    match language {
+        None => "a WebAssembly module",
+        Some(Language::Starlark) => "a Starlark script",
+    }
+}
 
 /// Why a registry exchange failed, naming the URL or reference it was about.
 #[derive(Debug, thiserror::Error)]

@@ -163,6 +163,8 @@ struct Slot {
     // a retry timer, of an older one is dropped, even when only its settings differ. Numbers
     // are never reused, not even by a ConfigMap deleted and created again.
     seq: u64,
+    // Loads of the newest source that failed and were tried again, for the backoff.
+    retries: u32,
     // State of the newest version.
     state: State,
     // The version that runs, if any.
@@ -416,6 +418,7 @@ impl Registry {
             configmap: cm.clone(),
             latest: None,
             released: false,
+            retries: 0,
             seq: 0,
             state: State::Loading,
             running: None,
@@ -470,6 +473,7 @@ impl Registry {
         slot.released = false;
         self.last_seq += 1;
         slot.seq = self.last_seq;
+        slot.retries = 0;
         let seq = slot.seq;
         self.start_load(name, source, seq);
     }
@@ -530,9 +534,11 @@ impl Registry {
             return;
         };
         let cm = slot.configmap.clone();
-        match error.retry_after() {
-            Some(retry) => {
-                let msg = format!("{error}; checking again every {}s", retry.as_secs());
+        let attempts = slot.retries;
+        match error.retry_after(attempts).zip(error.retry_note(attempts)) {
+            Some((retry, note)) => {
+                slot.retries = attempts.saturating_add(1);
+                let msg = format!("{error}; {note}");
                 // One Event per distinct wait, not one per retry.
                 let first = slot.state != State::Waiting(msg.clone());
                 slot.state = State::Waiting(msg.clone());
@@ -745,6 +751,7 @@ impl Registry {
         // A load in flight would resume it a second time: only the retry below counts.
         self.last_seq += 1;
         slot.seq = self.last_seq;
+        slot.retries = 0;
         let (cm, seq) = (slot.configmap.clone(), slot.seq);
         self.event(&cm, Notice::WaitingForKinds, &msg);
         let tx = self.tx.clone();
