@@ -150,13 +150,18 @@ impl ModuleCache {
     /// it is missing or is not what the entry says.
     pub fn read(&self, manifest: &Digest, entry: &Entry) -> Option<Vec<u8>> {
         let (path, beside) = self.paths(manifest)?;
-        let bytes = std::fs::read(&path).ok()?;
-        if bytes.len() as u64 != entry.size || Digest::of(&bytes).as_str() != entry.layer {
+        // Not read at all when its size is not the entry's.
+        let bytes = std::fs::metadata(&path)
+            .ok()
+            .filter(|m| m.len() == entry.size)
+            .and_then(|_| std::fs::read(&path).ok());
+        let bytes = bytes.filter(|b| Digest::of(b).as_str() == entry.layer);
+        let Some(bytes) = bytes else {
             tracing::warn!(path = %path.display(), "a cached module is not the layer its entry names; pulling it again");
             let _ = std::fs::remove_file(&path);
             let _ = std::fs::remove_file(&beside);
             return None;
-        }
+        };
         disk::touch(&path);
         Some(bytes)
     }

@@ -183,12 +183,7 @@ impl Fetcher {
         if let Requirement::Refused = requirement {
             return Err(SignatureError::Refused.into());
         }
-        let credentials = self.login(reference, pull_secret).await?;
-        let access = access(
-            &reference.registry,
-            &reference.repository,
-            credentials.as_ref(),
-        );
+        let (credentials, access) = self.login(reference, pull_secret).await?;
         if let Some(pin) = &reference.digest
             && let Some(entry) = self.cache.entry(pin, &requirement, Some(&access))
         {
@@ -218,16 +213,23 @@ impl Fetcher {
         }
     }
 
-    /// The credentials of the pull Secret, if the ConfigMap names one.
+    /// The credentials of the pull Secret, if the ConfigMap names one, and who they make the
+    /// puller ([`access`]).
     async fn login(
         &self,
         reference: &Reference,
         pull_secret: Option<&str>,
-    ) -> Result<Option<Credentials>, FetchError> {
-        Ok(match pull_secret {
+    ) -> Result<(Option<Credentials>, String), FetchError> {
+        let credentials = match pull_secret {
             Some(name) => Some(self.credentials(name, &reference.registry).await?),
             None => None,
-        })
+        };
+        let access = access(
+            &reference.registry,
+            &reference.repository,
+            credentials.as_ref(),
+        );
+        Ok((credentials, access))
     }
 
     /// The manifest from the registry, its signature checked as `requirement` says.
@@ -286,12 +288,7 @@ impl Fetcher {
                     tracing::info!(%reference, "module taken from the disk cache");
                     return Ok(module);
                 }
-                let credentials = self.login(reference, pull_secret).await?;
-                let access = access(
-                    &reference.registry,
-                    &reference.repository,
-                    credentials.as_ref(),
-                );
+                let (credentials, access) = self.login(reference, pull_secret).await?;
                 let requirement = self.policy.requirement(reference);
                 self.remote(reference, credentials, requirement, access)
                     .await?
