@@ -13,9 +13,9 @@
 //! those that pulled it. Otherwise the host asks the registry again: a module another
 //! ConfigMap's Secret pulled is not run for a ConfigMap without it, and a key removed from the
 //! policy is not trusted from the cache. The module is checked against the layer's digest
-//! every time it is read, and both
-//! files are written whole ([`crate::disk`]). Entries are bounded like compiled artifacts: the
-//! least recently used go first past [`crate::config::MODULE_CACHE_MIB`].
+//! every time it is read, and both files are written whole ([`crate::disk`]). Entries are
+//! bounded like compiled artifacts: the least recently used go first past
+//! [`crate::config::MODULE_CACHE_MIB`].
 //!
 //! Any problem here is logged and means a pull, never a failed load.
 
