@@ -145,11 +145,11 @@ fn main() {
 fn memory_during_pull(runtime: &tokio::runtime::Runtime, registry: &TestRegistry) {
     const MIB: usize = 1 << 20;
     let large = 48 * MIB;
-    let module = support::noise(large);
+    let module = test_artifacts::noise(large);
     let reference: Reference = format!("{}:large", registry.reference("plugins/large"))
         .parse()
         .expect("a reference");
-    let huge = support::noise(256 * MIB);
+    let huge = test_artifacts::noise(256 * MIB);
     let (pinned, huge_digest) = runtime.block_on(async {
         let client = OciClient::new(&reference, None, OciLimits::default()).expect("a client");
         let digest = client.push(&reference, &module).await.expect("pushed");

@@ -8,6 +8,9 @@ use wasmop_contract::{KindRef, Manifest, RelatedKind};
 use crate::kinds::ResolvedKind;
 use crate::watch::Object;
 
+/// Bytes gzip cannot shrink.
+pub use test_artifacts::noise;
+
 /// The Memcached parent kind, resolved, namespaced or not.
 pub fn memcached_kind(namespaced: bool) -> ResolvedKind {
     let gvk = GroupVersionKind::gvk("cache.example.com", "v1alpha1", "Memcached");
@@ -81,17 +84,4 @@ pub fn pod(ns: Option<&str>, name: &str, meta: Value) -> Object {
         value["metadata"]["namespace"] = ns.into();
     }
     Object::from_value(&value).expect("a pod parses")
-}
-
-/// Bytes gzip cannot shrink: a simple xorshift stream.
-pub fn noise(len: usize) -> Vec<u8> {
-    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }

@@ -178,7 +178,7 @@ fn padded(wasm: &[u8], pad: usize) -> Vec<u8> {
     let mut payload = Vec::with_capacity(pad + 32);
     leb(name.len(), &mut payload);
     payload.extend_from_slice(name);
-    payload.extend(support::noise(pad));
+    payload.extend(test_artifacts::noise(pad));
     let mut out = wasm.to_vec();
     out.push(0);
     leb(payload.len(), &mut out);
@@ -196,6 +196,13 @@ async fn memcached_env(test: &str) -> support::Env {
     )
     .await;
     env
+}
+
+/// Waits for an Event `reason` on the plugin ConfigMap `memcached` whose message has `needle`.
+async fn plugin_event(env: &support::Env, reason: &str, needle: &str) {
+    let event = support::wait_event(env, "ConfigMap", "memcached", reason).await;
+    let message = event.message.unwrap_or_default();
+    assert!(message.contains(needle), "{reason}: {message}");
 }
 
 /// A plugin ConfigMap that names `reference` instead of holding a module.
@@ -244,15 +251,7 @@ async fn a_plugin_no_configmap_could_hold_runs_from_the_registry_and_outlives_it
     let cache = dir.join("cache");
     let cache = cache.to_str().unwrap();
     let host = env.host().env("XDG_CACHE_HOME", cache).start();
-    let loaded = support::wait_event(&env, "ConfigMap", "memcached", "Loaded").await;
-    assert!(
-        loaded
-            .message
-            .as_deref()
-            .unwrap_or("")
-            .contains("memcached 0.1.0"),
-        "{loaded:?}"
-    );
+    plugin_event(&env, "Loaded", "memcached 0.1.0").await;
     env.memcached_ready("a", 2).await;
 
     // The registry goes down, and a new version is named: it cannot load, and says why; the
@@ -269,15 +268,7 @@ async fn a_plugin_no_configmap_could_hold_runs_from_the_registry_and_outlives_it
 
     // Back up: the same version is fetched again by itself, and swapped in.
     registry.restart();
-    let swapped = support::wait_event(&env, "ConfigMap", "memcached", "Swapped").await;
-    assert!(
-        swapped
-            .message
-            .as_deref()
-            .unwrap_or("")
-            .contains("memcached 0.2.0"),
-        "{swapped:?}"
-    );
+    plugin_event(&env, "Swapped", "memcached 0.2.0").await;
     env.memcached_ready("a", 1).await;
 
     // Down again, and the host restarts: the pinned module comes from its disk cache, never
@@ -688,15 +679,9 @@ async fn a_script_plugin_runs_from_the_registry_under_a_key_that_names_its_langu
     let cm = cms.get("memcached").await.unwrap();
     assert_eq!(cm.data.unwrap()["plugin.star.oci"], pinned.to_string());
     let _host = env.start_host();
-    let loaded = support::wait_event(&env, "ConfigMap", "memcached", "Loaded").await;
-    assert!(
-        loaded
-            .message
-            .as_deref()
-            .unwrap_or("")
-            .contains("memcached"),
-        "{loaded:?}"
-    );
+    // Loaded as the script: the version names the script's own digest.
+    let script_digest = Digest::of(&std::fs::read(&script).unwrap());
+    plugin_event(&env, "Loaded", &script_digest.as_str()[..19]).await;
     env.memcached_ready("a", 2).await;
 
     // The same script named as a module: refused before it reaches the compiler, saying

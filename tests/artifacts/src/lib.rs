@@ -25,3 +25,16 @@ pub fn read(path: impl AsRef<Path>) -> Vec<u8> {
     let path = path.as_ref();
     std::fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
 }
+
+/// Bytes no compression shrinks, the same every run (an xorshift stream).
+pub fn noise(len: usize) -> Vec<u8> {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}

@@ -265,19 +265,6 @@ pub fn withhold_from(docs: &mut [Value], kind: &str, role: &str, withhold: &[&st
     }
 }
 
-/// Bytes no compression shrinks, the same every run (an xorshift stream).
-pub fn noise(len: usize) -> Vec<u8> {
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 /// Resident memory of a process at its peak and now, in MiB, from `/proc/<pid>/status`.
 pub fn rss_mib(pid: u32) -> (u64, u64) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
