@@ -1,8 +1,8 @@
 //! Per-call cost of the Memcached plugin: through the sandbox (a fresh instance per call,
 //! request JSON in, response JSON out and parsed), natively (the same reconcile code, through
 //! the SDK's JSON → typed → JSON path), and as the Starlark script
-//! (`plugins/memcached-star/plugin.star`, its snapshot, in the same sandbox), with 3 and with
-//! 100 observed pods.
+//! (`plugins/memcached-star/plugin.star`, in its interpreter's instance kept between calls, in
+//! the same sandbox), with 3 and with 100 observed pods.
 //!
 //! Run with `cargo bench -p wasmop --bench plugin_call`; the wasm/native and Starlark/wasm
 //! ratios are printed at the end.

@@ -1,6 +1,6 @@
 //! What one more script plugin costs a host in memory: the resident set after loading and
 //! calling the Starlark Memcached, then after loading and calling more versions of it (each
-//! a different script, so a snapshot of its own), with a child compiler and a disk cache as
+//! a different script, each in an instance of its own), with a child compiler and a disk cache as
 //! `wasmop run` has. The Rust module is measured the same way beside it, its versions made
 //! distinct with a custom section.
 //!

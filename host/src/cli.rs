@@ -79,21 +79,6 @@ pub struct CompilePluginArgs {
     /// Write the artifact to this file instead of stdout.
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Stdin is a script held under this key: run it, snapshot it, compile the snapshot.
-    #[arg(long, requires = "language")]
-    pub script: Option<String>,
-    /// The script's language (`starlark`).
-    #[arg(long)]
-    pub language: Option<String>,
-    /// The deadline of the script's top level, in milliseconds.
-    #[arg(long, default_value_t = crate::config::DEADLINE_MS)]
-    pub deadline_ms: u64,
-    /// The memory cap of the script's top level, in bytes.
-    #[arg(long, default_value_t = crate::config::MEMORY_MIB << 20)]
-    pub memory_bytes: u64,
-    /// The largest response the script may give, in bytes.
-    #[arg(long, default_value_t = crate::config::MAX_RESPONSE_KIB << 10)]
-    pub response_bytes: u64,
 }
 
 /// `wasmop test`.

@@ -113,6 +113,14 @@ pub const ARTIFACT_FETCH_TIMEOUT: Duration = Duration::from_secs(5);
 /// Plugin calls that may run at once over all plugins; more wait for a slot.
 pub const MAX_INSTANCES: u32 = 64;
 
+/// Script instances kept between calls, over all script plugins (each holds its pool slot
+/// and its linear memory); a script whose instance was pushed out parses again.
+pub const WARM_SCRIPTS: usize = 16;
+
+/// Linear memory, in MiB, that script instances kept between calls may hold together (out of
+/// the sandbox's budget); an instance larger than that is dropped after its call.
+pub const WARM_SCRIPTS_MIB: u64 = 32;
+
 /// How often the finalizers of plugins whose ConfigMaps are gone are looked for (besides
 /// after every list and deletion of plugin ConfigMaps): a sweep that failed, or that waited
 /// for this replica to lead or hold its shard, is tried again this often.

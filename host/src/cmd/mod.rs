@@ -34,42 +34,17 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-/// `wasmop compile-plugin`: a script's own fault goes to stdout as JSON, with its own exit
-/// status, for the host to report as it would have in process.
+/// `wasmop compile-plugin`.
 fn compile_plugin(args: &crate::cli::CompilePluginArgs) -> anyhow::Result<()> {
-    use crate::sandbox::{
-        CompileFailure, CompileOrder, Language, Limits, PLUGIN_FAILED, ScriptOrder,
-    };
-    let limits = Limits {
-        deadline: std::time::Duration::from_millis(args.deadline_ms),
-        memory_bytes: args.memory_bytes,
-        response_bytes: args.response_bytes,
-    };
-    let order = CompileOrder {
+    let order = crate::sandbox::CompileOrder {
         max_instances: args.max_instances,
         functions: args
             .functions
             .as_deref()
             .map(|dir| (dir, args.functions_max_bytes)),
         out: args.out.as_deref(),
-        script: match (&args.script, &args.language) {
-            (Some(file), Some(language)) => Some(ScriptOrder {
-                language: Language::named(language)
-                    .ok_or_else(|| anyhow::anyhow!("no script language {language:?}"))?,
-                file,
-                limits,
-            }),
-            _ => None,
-        },
     };
-    match crate::sandbox::serve_compile(&order) {
-        Ok(()) => Ok(()),
-        Err(CompileFailure::Other(message)) => Err(anyhow::Error::msg(message)),
-        Err(CompileFailure::Plugin(kind)) => {
-            print(&serde_json::to_string(&kind)?)?;
-            std::process::exit(PLUGIN_FAILED)
-        }
-    }
+    crate::sandbox::serve_compile(&order).map_err(anyhow::Error::msg)
 }
 
 /// Writes `text` to stdout. A reader that went away (`| head`) is no error: the rest is

@@ -14,7 +14,6 @@
 //! against its MAC ([`Vouched`], see `shared.rs`); it is loaded and kept on disk like one
 //! compiled here.
 
-use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
@@ -24,7 +23,7 @@ use sha2::{Digest, Sha256};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
-use super::compile::{self, Compiler, Compiling, Input};
+use super::compile::{self, Compiler, Compiling};
 use super::shared::{Artifact, Vouched};
 use crate::disk::{self, temp_name, write_atomic};
 use crate::text::hex;
@@ -112,11 +111,6 @@ impl ArtifactCache {
         &self.engine
     }
 
-    /// Whether there is a disk cache.
-    pub(crate) fn has_disk(&self) -> bool {
-        self.dir.is_some()
-    }
-
     /// Whether the component for `digest_hex` is here, in memory or on disk, without loading it.
     pub(crate) fn has(&self, digest_hex: &str) -> bool {
         self.lock().map.contains_key(digest_hex)
@@ -125,39 +119,15 @@ impl ArtifactCache {
                 .is_some_and(|(a, c)| a.exists() && c.exists())
     }
 
-    /// Drops the component for `digest_hex` from memory (the disk keeps it): one used once in
-    /// a while need not keep its code mapped in between.
-    pub(crate) fn forget(&self, digest_hex: &str) {
-        let mut memory = self.lock();
-        if memory.map.remove(digest_hex).is_some() {
-            memory.order.retain(|d| d != digest_hex);
-        }
-    }
-
     /// The compiled component for `wasm`, whose SHA-256 in hex is `digest_hex`: from memory,
     /// from disk, from `shared` (an artifact another replica compiled, its MAC checked), or
-    /// compiled now.
+    /// compiled now. The module is borrowed, never copied: it may be 64 MiB.
     pub(crate) fn get_or_compile(
         &self,
         engine: &Engine,
         digest_hex: &str,
         wasm: &[u8],
         shared: Option<Vouched>,
-    ) -> wasmtime::Result<Got> {
-        self.get_or_compile_with(engine, digest_hex, shared, || {
-            Ok(Input::Module(Cow::Borrowed(wasm)))
-        })
-    }
-
-    /// [`Cache::get_or_compile`], making the module with `make` only when it must be
-    /// compiled (a script's snapshot, whose making runs the script). A module at hand is
-    /// borrowed, never copied: it may be 64 MiB.
-    pub(crate) fn get_or_compile_with<'w>(
-        &self,
-        engine: &Engine,
-        digest_hex: &str,
-        shared: Option<Vouched>,
-        make: impl FnOnce() -> wasmtime::Result<Input<'w>>,
     ) -> wasmtime::Result<Got> {
         if let Some(component) = self.lock().map.get(digest_hex) {
             return Ok(Got {
@@ -179,7 +149,7 @@ impl ArtifactCache {
                     serialized: None,
                 },
                 None => {
-                    let (component, serialized) = self.compile(engine, digest_hex, &make()?)?;
+                    let (component, serialized) = self.compile(engine, digest_hex, wasm)?;
                     Got {
                         component,
                         origin: Origin::Compiled,
@@ -205,14 +175,9 @@ impl ArtifactCache {
         Ok(got)
     }
 
-    /// Whether compiles run in a child, which can then also snapshot a script.
-    pub(crate) fn compiles_in_child(&self) -> bool {
-        matches!(self.compiling.compiler, Compiler::Subprocess(_))
-    }
-
     /// Compiles `wasm` in this process, through the function cache; with the functions the
     /// cache gave and those it gained, when there is one.
-    pub(crate) fn precompile(&self, engine: &Engine, wasm: &[u8]) -> wasmtime::Result<Precompiled> {
+    fn precompile(&self, engine: &Engine, wasm: &[u8]) -> wasmtime::Result<Precompiled> {
         let bytes = engine.precompile_component(wasm);
         let counts = self.compiling.functions.as_ref().map(|f| f.finish());
         if let Some((found, compiled)) = counts {
@@ -221,30 +186,27 @@ impl ArtifactCache {
         Ok((bytes?, counts))
     }
 
-    /// Compiles `input`, here or in a child, and loads it. A child writes the artifact
+    /// Compiles `wasm`, here or in a child, and loads it. A child writes the artifact
     /// straight into the disk cache when there is one, so that it never passes through this
     /// process's heap.
     fn compile(
         &self,
         engine: &Engine,
         digest_hex: &str,
-        input: &Input<'_>,
+        wasm: &[u8],
     ) -> wasmtime::Result<(Component, Artifact)> {
         let _one = COMPILING.lock().unwrap_or_else(PoisonError::into_inner);
         let c = &self.compiling;
-        let program = match (&c.compiler, input) {
-            (Compiler::InProcess, Input::Module(wasm)) => {
+        let program = match &c.compiler {
+            Compiler::InProcess => {
                 let (bytes, _) = self.precompile(engine, wasm)?;
                 let component = self.load_bytes(engine, digest_hex, &bytes)?;
                 return Ok((component, Artifact::Bytes(bytes)));
             }
-            (Compiler::InProcess, Input::Script(_)) => {
-                wasmtime::bail!("a script is snapshotted here before it is compiled")
-            }
-            (Compiler::Subprocess(program), _) => program,
+            Compiler::Subprocess(program) => program,
         };
         if let Some(tmp) = self.temp_path(digest_hex) {
-            let compiled = compile::in_child(c, program, input, Some(&tmp));
+            let compiled = compile::in_child(c, program, wasm, Some(&tmp));
             if let Err(e) = compiled {
                 let _ = std::fs::remove_file(&tmp);
                 return Err(e);
@@ -261,7 +223,7 @@ impl ArtifactCache {
                 }
             }
         }
-        let bytes = compile::in_child(c, program, input, None)?;
+        let bytes = compile::in_child(c, program, wasm, None)?;
         let component = self.load_bytes(engine, digest_hex, &bytes)?;
         Ok((component, Artifact::Bytes(bytes)))
     }

@@ -6,9 +6,7 @@
 //! goes back to the system when it exits, and a compile past its deadline is killed instead of
 //! running on in a background thread. The child builds its engine with the host's settings and
 //! hands back what `Engine::precompile_component` produced, on stdout or in a file; errors come
-//! on stderr. A script's child also runs the script and snapshots it first (`script.rs`), so
-//! the interpreter, the script's top level and the snapshot never touch the host's memory; a
-//! fault of the script comes back as JSON on stdout with the exit status [`PLUGIN_FAILED`].
+//! on stderr. A script plugin's interpreter compiles there like any module (`script.rs`).
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -16,11 +14,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::error::{PluginError, PluginErrorKind, UNKNOWN_PLUGIN};
 use super::functions::FunctionCache;
-use super::limits::Limits;
-use super::script::Language;
-use super::{Sandbox, SandboxConfig};
 
 /// The hidden subcommand a child runs.
 pub const COMPILE_COMMAND: &str = "compile-plugin";
@@ -28,8 +22,6 @@ pub const COMPILE_COMMAND: &str = "compile-plugin";
 const MAX_INPUT: u64 = 64 << 20;
 /// An error message kept from the child's stderr.
 const MAX_ERROR: u64 = 16 << 10;
-/// The exit status of a child whose script failed; stdout then holds the fault as JSON.
-pub const PLUGIN_FAILED: i32 = 3;
 
 /// How a sandbox compiles modules.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -52,32 +44,14 @@ pub(crate) struct Compiling {
     pub(crate) functions: Option<Arc<FunctionCache>>,
 }
 
-/// What a compile starts from.
-pub(crate) enum Input<'w> {
-    /// A component.
-    Module(std::borrow::Cow<'w, [u8]>),
-    /// A script, which a child compiler runs and snapshots before it compiles the snapshot.
-    Script(Script<'w>),
-}
-
-/// A script for a child to snapshot: the key that holds it (`file`), its text, and the limits
-/// its top level runs under.
-pub(crate) struct Script<'w> {
-    pub(crate) language: Language,
-    pub(crate) file: &'w str,
-    pub(crate) source: &'w str,
-    pub(crate) limits: Limits,
-}
-
-/// Compiles `input` in a child `program`, killed after `c.timeout`; the child's engine is built
+/// Compiles `wasm` in a child `program`, killed after `c.timeout`; the child's engine is built
 /// like the caller's (`c.max_instances`, `c.functions`), so what it returns fits the caller's
-/// engine. The artifact comes back as bytes, or is written to `out` when given: a script's
-/// snapshot compiles to 16 MB that need never be in this process's heap. A script's own
-/// fault comes back as a [`PluginError`] inside the error.
+/// engine. The artifact comes back as bytes, or is written to `out` when given: the Starlark
+/// interpreter compiles to about 16 MB that need never be in this process's heap.
 pub(crate) fn in_child(
     c: &Compiling,
     program: &Path,
-    input: &Input<'_>,
+    wasm: &[u8],
     out: Option<&Path>,
 ) -> wasmtime::Result<Vec<u8>> {
     let mut cmd = Command::new(program);
@@ -86,27 +60,7 @@ pub(crate) fn in_child(
         "--max-instances",
         &c.max_instances.to_string(),
     ]);
-    let stdin_bytes: &[u8] = match input {
-        Input::Module(wasm) => wasm,
-        Input::Script(script) => {
-            cmd.args([
-                "--script",
-                script.file,
-                "--language",
-                script.language.name(),
-            ])
-            .args([
-                "--deadline-ms",
-                &script.limits.deadline.as_millis().to_string(),
-            ])
-            .args(["--memory-bytes", &script.limits.memory_bytes.to_string()])
-            .args([
-                "--response-bytes",
-                &script.limits.response_bytes.to_string(),
-            ]);
-            script.source.as_bytes()
-        }
-    };
+    let stdin_bytes = wasm;
     if let Some(functions) = &c.functions {
         cmd.arg("--functions")
             .arg(functions.root())
@@ -164,16 +118,6 @@ pub(crate) fn in_child(
     let artifact = artifact
         .map_err(|_| wasmtime::Error::msg("the compiler's output reader panicked"))?
         .map_err(|e| wasmtime::format_err!("reading the compiler's output: {e}"))?;
-    if status.code() == Some(PLUGIN_FAILED) {
-        let kind = serde_json::from_slice::<PluginErrorKind>(&artifact).map_err(|e| {
-            wasmtime::format_err!("the compiler's account of a script's fault is not JSON: {e}")
-        })?;
-        return Err(wasmtime::Error::new(PluginError::new(
-            UNKNOWN_PLUGIN,
-            "",
-            kind,
-        )));
-    }
     if status.success() {
         // The child's one line on the function cache.
         if let Some(line) = message.lines().next() {
@@ -190,8 +134,7 @@ pub(crate) fn in_child(
     Ok(artifact)
 }
 
-/// What a child is asked to make: its engine's settings, where it writes, and the script, if
-/// it is one (its language, the key that holds it, and the limits its top level runs under).
+/// What a child is asked to make: its engine's settings and where it writes.
 pub struct Order<'a> {
     /// The host's pool size.
     pub max_instances: u32,
@@ -199,96 +142,40 @@ pub struct Order<'a> {
     pub functions: Option<(&'a Path, u64)>,
     /// Where the artifact goes; stdout when `None`.
     pub out: Option<&'a Path>,
-    /// A script to run and snapshot first; stdin then holds its text.
-    pub script: Option<ScriptOrder<'a>>,
 }
 
-/// The script a child runs and snapshots before it compiles.
-pub struct ScriptOrder<'a> {
-    /// Its language.
-    pub language: Language,
-    /// The key that holds it, as its errors name it.
-    pub file: &'a str,
-    /// The limits its top level runs under.
-    pub limits: Limits,
-}
-
-/// Why a child failed: a script's own fault (for [`PLUGIN_FAILED`]), or anything else.
-#[derive(Debug)]
-pub enum Failure {
-    /// The script failed to load (a syntax error, a top level past its limits); as JSON on
-    /// stdout, so the host reports it as it would have in process.
-    Plugin(PluginErrorKind),
-    /// The child itself failed; a message for stderr.
-    Other(String),
-}
-
-/// The child's side: reads a module (or a script's text) on stdin, compiles it for an engine
-/// set up like the host's (through the function cache in `functions`, bounded to the bytes
+/// The child's side: reads a module on stdin, compiles it for an engine set up like the host's (through the function cache in `functions`, bounded to the bytes
 /// given, when set), and writes the artifact to `out`, else to stdout. On success stderr has
 /// one line saying what the function cache gave.
-pub fn serve(order: &Order<'_>) -> Result<(), Failure> {
-    let other = Failure::Other;
+pub fn serve(order: &Order<'_>) -> Result<(), String> {
     let mut input = Vec::new();
     std::io::stdin()
         .take(MAX_INPUT + 1)
         .read_to_end(&mut input)
-        .map_err(|e| other(format!("reading the input: {e}")))?;
+        .map_err(|e| format!("reading the input: {e}"))?;
     if input.len() as u64 > MAX_INPUT {
-        return Err(other(format!(
-            "an input larger than {} MiB",
-            MAX_INPUT >> 20
-        )));
+        return Err(format!("an input larger than {} MiB", MAX_INPUT >> 20));
     }
-    let (artifact, counts) = match &order.script {
-        None => {
-            let functions = order
-                .functions
-                .map(|(dir, max)| Arc::new(FunctionCache::new(dir, max)));
-            let engine = super::engine::new_engine(order.max_instances, functions.clone())
-                .map_err(|e| other(e.to_string()))?;
-            let artifact = engine
-                .precompile_component(&input)
-                .map_err(|e| other(super::invoke::error_chain(&e)))?;
-            (artifact, functions.map(|f| f.finish()))
-        }
-        Some(ScriptOrder {
-            language,
-            file,
-            limits,
-        }) => {
-            let source = String::from_utf8(input)
-                .map_err(|e| other(format!("{file} is not UTF-8 text: {e}")))?;
-            let sandbox = Sandbox::new(SandboxConfig {
-                max_instances: order.max_instances,
-                cache_dir: order.functions.map(|(dir, _)| dir.to_path_buf()),
-                cache_max_bytes: order.functions.map_or(0, |(_, max)| max.saturating_mul(2)),
-                memory_budget: crate::config::SANDBOX_MEMORY_MIB << 20,
-                compile_timeout: crate::config::COMPILE_TIMEOUT,
-                compiler: Compiler::InProcess,
-            })
-            .map_err(|e| other(format!("{e:#}")))?;
-            let wasm = sandbox
-                .snapshot(*language, file, &source, limits)
-                .map_err(|e| Failure::Plugin(e.kind))?;
-            sandbox
-                .inner
-                .cache
-                .precompile(&sandbox.inner.engine, &wasm)
-                .map_err(|e| other(super::invoke::error_chain(&e)))?
-        }
-    };
+    let functions = order
+        .functions
+        .map(|(dir, max)| Arc::new(FunctionCache::new(dir, max)));
+    let engine = super::engine::new_engine(order.max_instances, functions.clone())
+        .map_err(|e| e.to_string())?;
+    let artifact = engine
+        .precompile_component(&input)
+        .map_err(|e| super::invoke::error_chain(&e))?;
+    let counts = functions.map(|f| f.finish());
     if let Some((found, compiled)) = counts {
         eprintln!("{found} functions from the function cache, {compiled} compiled into it");
     }
     match order.out {
         Some(path) => std::fs::write(path, &artifact)
-            .map_err(|e| other(format!("writing the artifact to {}: {e}", path.display()))),
+            .map_err(|e| format!("writing the artifact to {}: {e}", path.display())),
         None => {
             let mut out = std::io::stdout().lock();
             out.write_all(&artifact)
                 .and_then(|()| out.flush())
-                .map_err(|e| other(format!("writing the artifact: {e}")))
+                .map_err(|e| format!("writing the artifact: {e}"))
         }
     }
 }

@@ -10,7 +10,8 @@
 //! The ticker holds only a weak reference, so dropping the last `Sandbox` stops it.
 //!
 //! Every pool slot reserves address space for a whole 32-bit memory plus guard pages
-//! (about 4 GiB each): 64 slots take about 260 GiB of virtual address space. Resident, a
+//! (about 4 GiB each): the 64 slots for calls and 16 for script instances waiting between
+//! calls take about 330 GiB of virtual address space. Resident, a
 //! freed slot holds what its last call touched up to [`KEEP_RESIDENT`], and the slots ever
 //! used are about the most calls at once plus a few. Containers with a virtual-memory ulimit
 //! need a smaller pool.
@@ -45,7 +46,10 @@ pub(crate) fn new_engine(
     max_instances: u32,
     functions: Option<Arc<FunctionCache>>,
 ) -> Result<Engine, SandboxError> {
-    let max_instances = max_instances.max(1);
+    // Script instances waiting between calls hold slots of their own.
+    let max_instances = max_instances
+        .max(1)
+        .saturating_add(u32::try_from(crate::config::WARM_SCRIPTS).unwrap_or(u32::MAX));
     let mut pool = PoolingAllocationConfig::default();
     pool.total_component_instances(max_instances)
         // Pool totals are shared by all plugins; per-component maxima are checked at compile

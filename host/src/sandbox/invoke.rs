@@ -2,6 +2,12 @@
 //! component, so nothing a call does can leak into the next, and a failed call leaves nothing
 //! behind to clean up.
 //!
+//! A script's calls are the exception ([`Invocation::run_warm`]): its interpreter instance,
+//! with the script parsed and frozen, serves call after call, because parsing again would
+//! cost more than the call. Nothing leaks between them all the same: the script's globals are
+//! frozen (Starlark refuses to mutate them), each call evaluates on a heap of its own that
+//! is freed when it returns, and an instance whose call failed is dropped.
+//!
 //! The store grants the guest WASI p2 with no capabilities (no preopens, environment,
 //! arguments or sockets) and deterministic clocks and randomness that never block (see
 //! `wasi.rs`), stdout and stderr captured by a [`TailSink`], the [`MemoryLimiter`] and an
@@ -68,6 +74,15 @@ struct GuestLog {
 }
 
 impl GuestLog {
+    fn new(plugin: &str) -> Self {
+        Self {
+            plugin: plugin.to_owned(),
+            lines: 0,
+            dropped: 0,
+            last_panic: None,
+        }
+    }
+
     fn record(&mut self, level: Level, mut message: String) {
         if level == Level::Error
             && let Some(panic) = message.strip_prefix("panic: ")
@@ -132,6 +147,16 @@ impl<P: Instantiate> Invocation<'_, P> {
         &self,
         f: impl FnOnce(&P::Instance, &mut Store<CallState>) -> wasmtime::Result<R>,
     ) -> Result<R, PluginErrorKind> {
+        let (mut store, output) = self.store();
+        let result = match self.pre.instantiate(&mut store) {
+            Ok(instance) => f(&instance, &mut store).map_err(|e| (e, false)),
+            Err(e) => Err((e, true)),
+        };
+        self.conclude(result, &store, &output)
+    }
+
+    /// A fresh store under the call's limits, and the sink of its stdout and stderr.
+    fn store(&self) -> (Store<CallState>, TailSink) {
         let output = TailSink::new(OUTPUT_TAIL);
         let wasi = super::wasi::ctx_builder()
             .stdout(output.clone())
@@ -141,21 +166,21 @@ impl<P: Instantiate> Invocation<'_, P> {
             wasi,
             table: ResourceTable::new(),
             limiter: MemoryLimiter::new(self.limits.memory_bytes, self.budget.clone()),
-            log: GuestLog {
-                plugin: self.plugin.to_owned(),
-                lines: 0,
-                dropped: 0,
-                last_panic: None,
-            },
+            log: GuestLog::new(self.plugin),
         };
         let mut store = Store::new(self.engine, state);
         store.limiter(|state| &mut state.limiter);
         store.set_epoch_deadline(self.limits.deadline_ticks(EPOCH_PERIOD));
+        (store, output)
+    }
 
-        let result = match self.pre.instantiate(&mut store) {
-            Ok(instance) => f(&instance, &mut store).map_err(|e| (e, false)),
-            Err(e) => Err((e, true)),
-        };
+    /// The call's value, or why it failed; `instantiating` tells a failure to instantiate.
+    fn conclude<R>(
+        &self,
+        result: Result<R, (wasmtime::Error, bool)>,
+        store: &Store<CallState>,
+        output: &TailSink,
+    ) -> Result<R, PluginErrorKind> {
         let log = &store.data().log;
         if log.dropped > 0 {
             tracing::warn!(
@@ -165,11 +190,7 @@ impl<P: Instantiate> Invocation<'_, P> {
                 "plugin log lines dropped: more than {MAX_LOG_LINES} in one call"
             );
         }
-        let (err, instantiating) = match result {
-            Ok(value) => return Ok(value),
-            Err(e) => e,
-        };
-        Err(self.classify(&err, instantiating, &store, &output))
+        result.map_err(|(err, instantiating)| self.classify(&err, instantiating, store, output))
     }
 
     fn classify(
@@ -235,6 +256,86 @@ impl<P: Instantiate> Invocation<'_, P> {
                 .clone()
                 .or_else(|| output.text()),
         }
+    }
+}
+
+/// A script's instance kept between its calls (see `script.rs`): the interpreter with the
+/// script parsed and frozen, its store and where its output goes.
+pub(crate) struct Warm {
+    store: Store<CallState>,
+    bindings: Bindings,
+    output: TailSink,
+}
+
+impl Warm {
+    /// Linear memory the instance holds, as its limiter granted it from the budget.
+    pub(crate) fn memory(&self) -> u64 {
+        self.store.data().limiter.granted()
+    }
+}
+
+/// How a script's new instance is prepared: `init(file, source)` on the bare instance; its
+/// `Err` is the script's own error (a syntax error, a failing top level).
+pub(crate) type Prepare<'a> =
+    &'a dyn Fn(&Instance, &mut Store<CallState>) -> wasmtime::Result<Result<(), String>>;
+
+impl Invocation<'_> {
+    /// Runs `f` in `warm`, an instance that served this script before, or in a new one that
+    /// `prepare` readies; gives the instance back with the value. A call that failed drops
+    /// its instance, so whatever state a trap left never serves again; a script's own error
+    /// (a `fail()`, a type error) unwinds inside the interpreter and does not.
+    pub(crate) fn run_warm<R>(
+        &self,
+        warm: Option<Warm>,
+        prepare: Prepare<'_>,
+        f: impl FnOnce(&Bindings, &mut Store<CallState>) -> wasmtime::Result<R>,
+    ) -> Result<(R, Warm), PluginErrorKind> {
+        let mut warm = match warm {
+            Some(mut warm) => {
+                let state = warm.store.data_mut();
+                state.log = GuestLog::new(self.plugin);
+                state.limiter.clear_flags();
+                warm.output.clear();
+                warm.store
+                    .set_epoch_deadline(self.limits.deadline_ticks(EPOCH_PERIOD));
+                warm
+            }
+            None => self.prepare(prepare)?,
+        };
+        let result = f(&warm.bindings, &mut warm.store).map_err(|e| (e, false));
+        self.conclude(result, &warm.store, &warm.output)
+            .map(|value| (value, warm))
+    }
+
+    /// A new instance of the interpreter, `prepare`d, with the whole deadline left for the
+    /// call: the script's top level ran within the same deadline when it loaded.
+    fn prepare(&self, prepare: Prepare<'_>) -> Result<Warm, PluginErrorKind> {
+        let (mut store, output) = self.store();
+        let made = match self.pre.instance_pre().instantiate(&mut store) {
+            Err(e) => Err((e, true)),
+            Ok(instance) => match prepare(&instance, &mut store) {
+                Err(e) => Err((e, false)),
+                Ok(Err(message)) => {
+                    return Err(PluginErrorKind::PluginFailed {
+                        call: Call::Init,
+                        message,
+                    });
+                }
+                Ok(Ok(())) => Bindings::new(&mut store, &instance).map_err(|e| (e, true)),
+            },
+        };
+        // What fails here fails in `init`, whichever call needed the instance.
+        let init = Invocation {
+            call: Call::Init,
+            ..*self
+        };
+        let bindings = init.conclude(made, &store, &output)?;
+        store.set_epoch_deadline(self.limits.deadline_ticks(EPOCH_PERIOD));
+        Ok(Warm {
+            store,
+            bindings,
+            output,
+        })
     }
 }
 

@@ -14,6 +14,8 @@ use std::time::Duration;
 
 use wasmtime::ResourceLimiter;
 
+use super::invoke::Warm;
+use super::warm::WarmPool;
 use crate::config;
 
 /// The most linear memory any plugin may be granted (1 GiB), whatever its [`Limits`] say: a
@@ -76,13 +78,15 @@ impl Limits {
     }
 }
 
-/// What every call of every plugin shares: the instance slots and the memory budget.
-#[derive(Debug)]
+/// What every call of every plugin shares: the instance slots, the memory budget and the
+/// script instances waiting for their next call.
 pub(crate) struct Shared {
     /// A permit per pool slot; a call holds one while it runs.
     pub slots: Arc<tokio::sync::Semaphore>,
     /// The linear memory all calls may hold together.
     pub budget: Arc<MemoryBudget>,
+    /// Script instances between their calls (`warm.rs`).
+    pub warm: WarmPool<Warm>,
 }
 
 /// The linear memory all calls together may hold, whatever each plugin's cap says: the host's
@@ -180,6 +184,17 @@ impl MemoryLimiter {
     /// Whether a growth was refused because other calls hold the host's budget.
     pub(crate) fn budget_hit(&self) -> bool {
         self.budget_hit
+    }
+
+    /// Bytes of the budget this store holds.
+    pub(crate) fn granted(&self) -> u64 {
+        self.granted
+    }
+
+    /// Forgets the refusals of a call that ended well, for the next call in the same store.
+    pub(crate) fn clear_flags(&mut self) {
+        self.hit = false;
+        self.budget_hit = false;
     }
 }
 

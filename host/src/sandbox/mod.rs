@@ -45,6 +45,7 @@ mod plugin;
 mod scan;
 mod script;
 mod shared;
+mod warm;
 mod wasi;
 
 use std::path::{Path, PathBuf};
@@ -56,10 +57,7 @@ use tokio::sync::Semaphore;
 use wasmtime::Engine;
 use wasmtime::component::{Component, HasSelf, Linker};
 
-pub use compile::{
-    COMPILE_COMMAND, Compiler, Failure as CompileFailure, Order as CompileOrder, PLUGIN_FAILED,
-    ScriptOrder, serve as serve_compile,
-};
+pub use compile::{COMPILE_COMMAND, Compiler, Order as CompileOrder, serve as serve_compile};
 pub use engine::KEEP_RESIDENT;
 pub use error::{Call, PluginError, PluginErrorKind, SandboxError, UNKNOWN_PLUGIN};
 pub use limits::{Limits, MEMORY_CEILING, MemoryBudget};
@@ -74,6 +72,8 @@ use compile::Compiling;
 use functions::FunctionCache;
 use invoke::{CallState, Instantiate, Invocation, error_chain};
 use limits::Shared;
+use script::ScriptText;
+use warm::WarmPool;
 
 /// How a [`Sandbox`] is set up.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -186,6 +186,10 @@ impl Sandbox {
         let shared = Arc::new(Shared {
             slots: Arc::new(Semaphore::new(cfg.max_instances.max(1) as usize)),
             budget: Arc::new(MemoryBudget::new(cfg.memory_budget)),
+            warm: WarmPool::new(
+                crate::config::WARM_SCRIPTS,
+                crate::config::WARM_SCRIPTS_MIB << 20,
+            ),
         });
         Ok(Self {
             inner: Arc::new(Inner {
@@ -282,9 +286,9 @@ impl Sandbox {
     }
 
     /// Loads a script plugin: `source`, in `language`, held under the key `file`. The
-    /// interpreter runs its top level under `limits` and is snapshotted (see `script.rs`);
-    /// the plugin carries the digest of the script. The compiled snapshot is shared with
-    /// other replicas as a compiled module is, named by the interpreter and the script.
+    /// interpreter runs its top level under `limits` (see `script.rs`); the plugin carries
+    /// the digest of the script. The compiled interpreter is shared with other replicas as a
+    /// compiled module is, under the interpreter's digest and owned by the script's revisions.
     pub async fn load_script(
         &self,
         language: Language,
@@ -293,7 +297,7 @@ impl Sandbox {
         limits: Limits,
     ) -> Result<Plugin, PluginError> {
         let digest = digest_of(&source);
-        let name = self.artifact_name(&language.cache_key(&digest), &digest["sha256:".len()..]);
+        let name = self.artifact_name(language.interpreter_digest(), &digest["sha256:".len()..]);
         let shared = self.shared_artifact(&name).await;
         let loaded = self
             .off_thread(&digest, move |this| {
@@ -318,8 +322,8 @@ impl Sandbox {
             .map(|(plugin, _, _)| plugin)
     }
 
-    /// The compiled snapshot comes from the cache, keyed by the interpreter and the script,
-    /// or from `shared`, when either has it: the script's top level then does not run again.
+    /// The interpreter comes from the caches, or from `shared`, when either has it; the
+    /// script's top level runs in the first instance, which then serves the first call.
     fn script_from(
         &self,
         language: Language,
@@ -336,8 +340,18 @@ impl Sandbox {
             )))
         })?;
         let limits = limits.clamped();
-        let got = self.compiled_script(language, file, text, &digest, &limits, shared)?;
-        let plugin = self.finish(got.component, digest.clone(), limits, source.len())?;
+        let got = self.interpreter(language, &digest, shared)?;
+        let script = ScriptText {
+            file: file.to_owned(),
+            source: text.to_owned(),
+        };
+        let plugin = self.finish(
+            got.component,
+            digest.clone(),
+            limits,
+            source.len(),
+            Some(script),
+        )?;
         Ok((plugin, got.origin, got.serialized))
     }
 
@@ -434,7 +448,7 @@ impl Sandbox {
             .cache
             .get_or_compile(&self.inner.engine, digest_hex, wasm, shared)
             .map_err(|e| fail(PluginErrorKind::NotAComponent(error_chain(&e))))?;
-        let plugin = self.finish(got.component, digest, limits, wasm.len())?;
+        let plugin = self.finish(got.component, digest, limits, wasm.len(), None)?;
         Ok((plugin, got.origin, got.serialized))
     }
 
@@ -450,6 +464,17 @@ impl Sandbox {
     ) -> Result<R, PluginErrorKind> {
         let _slot = futures::executor::block_on(self.inner.shared.slots.acquire())
             .map_err(|e| PluginErrorKind::Internal(e.to_string()))?;
+        self.invocation(pre, limits, call, probing).run(f)
+    }
+
+    /// A call of a plugin not named yet.
+    fn invocation<'a, P: Instantiate>(
+        &'a self,
+        pre: &'a P,
+        limits: &'a Limits,
+        call: Call,
+        probing: bool,
+    ) -> Invocation<'a, P> {
         Invocation {
             engine: &self.inner.engine,
             pre,
@@ -459,16 +484,17 @@ impl Sandbox {
             call,
             probing,
         }
-        .run(f)
     }
 
-    /// Links a compiled component, asks its manifest under `limits` and checks it.
+    /// Links a compiled component, asks its manifest under `limits` and checks it. A script's
+    /// interpreter runs `init` first, in the instance that then waits for the first call.
     fn finish(
         &self,
         component: Component,
         digest: String,
         limits: Limits,
         size: usize,
+        script: Option<ScriptText>,
     ) -> Result<Plugin, PluginError> {
         let fail = |kind| PluginError::new(UNKNOWN_PLUGIN, &digest, kind);
         let instance_pre = self
@@ -479,11 +505,25 @@ impl Sandbox {
         let pre = PluginPre::new(instance_pre)
             .map_err(|e| fail(PluginErrorKind::WrongInterface(error_chain(&e))))?;
 
-        let manifest = self
-            .run_unnamed(&pre, &limits, Call::Manifest, true, |bindings, store| {
-                bindings.wasmop_plugin_reconciler().call_manifest(store)
-            })
-            .map_err(fail)?;
+        let ask = |bindings: &Bindings, store: &mut wasmtime::Store<CallState>| {
+            bindings.wasmop_plugin_reconciler().call_manifest(store)
+        };
+        let (manifest, warm) = match &script {
+            None => (
+                self.run_unnamed(&pre, &limits, Call::Manifest, true, ask)
+                    .map_err(fail)?,
+                None,
+            ),
+            Some(script) => {
+                let _slot = futures::executor::block_on(self.inner.shared.slots.acquire())
+                    .map_err(|e| fail(PluginErrorKind::Internal(e.to_string())))?;
+                let (manifest, warm) = self
+                    .invocation(&pre, &limits, Call::Manifest, true)
+                    .run_warm(None, &|instance, store| script.init(instance, store), ask)
+                    .map_err(fail)?;
+                (manifest, Some(warm))
+            }
+        };
         let manifest = manifest::from_wit(manifest);
         if let Err(e) = manifest.validate() {
             // The name is known now, even if it is itself what is wrong.
@@ -505,6 +545,14 @@ impl Sandbox {
             size,
             "plugin loaded"
         );
+        let script = script.map(|text| plugin::ScriptParts {
+            text,
+            id: self.inner.shared.warm.id(),
+        });
+        if let (Some(script), Some(warm)) = (&script, warm) {
+            let memory = warm.memory();
+            self.inner.shared.warm.put(script.id, warm, memory);
+        }
         let plugin = Plugin::new(plugin::Parts {
             digest,
             manifest,
@@ -513,6 +561,7 @@ impl Sandbox {
             engine: self.inner.engine.clone(),
             pre,
             shared: Arc::clone(&self.inner.shared),
+            script,
         });
         crate::memory::give_back_freed_memory();
         Ok(plugin)

@@ -47,6 +47,12 @@ impl TailSink {
         tail.buf.extend_from_slice(bytes);
     }
 
+    /// Forgets what was written: a script's instance serves call after call.
+    pub(crate) fn clear(&self) {
+        let mut tail = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        tail.buf.clear();
+    }
+
     /// The kept tail as text, trimmed; `None` when nothing was written.
     pub(crate) fn text(&self) -> Option<String> {
         let tail = self.inner.lock().unwrap_or_else(PoisonError::into_inner);

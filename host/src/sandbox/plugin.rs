@@ -1,5 +1,6 @@
 //! A loaded plugin: its digest, manifest and limits, and the pre-instantiated component every
-//! call instantiates afresh. Immutable once loaded and cheap to clone.
+//! call instantiates afresh (a script's calls take an instance that kept the script parsed,
+//! see `script.rs`). Immutable once loaded and cheap to clone.
 //!
 //! Calls come in two flavours: `*_blocking`, which run the guest on the calling thread, and
 //! `async`, which hand the blocking call to `tokio::task::spawn_blocking` (synchronous WASI must
@@ -18,19 +19,21 @@ use wasmop_contract::wire::{WireRequest, WireResponse};
 use wasmop_contract::{Manifest, RelatedSelector};
 use wasmtime::Engine;
 
-use super::bindings::PluginPre;
+use super::bindings::{Plugin as Bindings, PluginPre};
 use super::error::{Call, PluginError, PluginErrorKind, human_bytes};
 use super::invoke::{CallState, Invocation};
 use super::limits::{Held, Limits, Shared};
 use super::manifest::{SelectorProblem, selector_from_wit};
 use super::scan::Shape;
+use super::script::ScriptText;
 use crate::config::{RESPONSE_MAX_DEPTH, RESPONSE_MAX_VALUES};
 use crate::text::truncate;
 
 /// Longest guest error message kept in a [`PluginErrorKind::PluginFailed`].
 const MAX_GUEST_ERROR: usize = 4 << 10;
 
-/// A plugin ready to be called. Cheap to clone; every call gets a fresh instance.
+/// A plugin ready to be called. Cheap to clone; every call gets a fresh instance (a script's,
+/// one that kept the script parsed).
 #[derive(Clone)]
 pub struct Plugin {
     inner: Arc<Parts>,
@@ -52,6 +55,24 @@ pub(crate) struct Parts {
     pub pre: PluginPre<CallState>,
     /// What every call of the sandbox shares.
     pub shared: Arc<Shared>,
+    /// A script plugin's script, which `pre` (the interpreter) runs.
+    pub script: Option<ScriptParts>,
+}
+
+/// What a script plugin's calls need besides the interpreter.
+pub(crate) struct ScriptParts {
+    /// What a new instance is made from.
+    pub text: ScriptText,
+    /// Its instances' id in the pool of idle ones.
+    pub id: u64,
+}
+
+impl Drop for Parts {
+    fn drop(&mut self) {
+        if let Some(script) = &self.script {
+            self.shared.warm.forget(script.id);
+        }
+    }
 }
 
 impl std::fmt::Debug for Plugin {
@@ -195,16 +216,38 @@ impl Plugin {
         }
     }
 
+    /// Runs `f` in a fresh instance, or for a script in one that kept it parsed, which goes
+    /// back to the pool afterwards.
+    fn run<R>(
+        &self,
+        call: Call,
+        f: impl FnOnce(&Bindings, &mut wasmtime::Store<CallState>) -> wasmtime::Result<R>,
+    ) -> Result<R, PluginError> {
+        let invocation = self.invocation(call);
+        let Some(script) = &self.inner.script else {
+            return invocation.run(f).map_err(|kind| self.error(kind));
+        };
+        let warm = &self.inner.shared.warm;
+        let (value, instance) = invocation
+            .run_warm(
+                warm.take(script.id),
+                &|instance, store| script.text.init(instance, store),
+                f,
+            )
+            .map_err(|kind| self.error(kind))?;
+        let memory = instance.memory();
+        warm.put(script.id, instance, memory);
+        Ok(value)
+    }
+
     fn related_json(&self, parent: &str) -> Result<Vec<RelatedSelector>, PluginError> {
         let call = Call::Related;
         let wire = self
-            .invocation(call)
-            .run(|bindings, store| {
+            .run(call, |bindings, store| {
                 bindings
                     .wasmop_plugin_reconciler()
                     .call_related(store, parent)
-            })
-            .map_err(|kind| self.error(kind))?
+            })?
             .map_err(|message| self.failed(call, message))?;
         let size: usize = wire
             .iter()
@@ -248,13 +291,11 @@ impl Plugin {
     fn reconcile_json(&self, request: &str) -> Result<WireResponse, PluginError> {
         let call = Call::Reconcile;
         let json = self
-            .invocation(call)
-            .run(|bindings, store| {
+            .run(call, |bindings, store| {
                 bindings
                     .wasmop_plugin_reconciler()
                     .call_reconcile(store, request)
-            })
-            .map_err(|kind| self.error(kind))?
+            })?
             .map_err(|message| self.failed(call, message))?;
         self.check_size(call, json.len())?;
         let shape = Shape::of(json.as_bytes(), RESPONSE_MAX_DEPTH);

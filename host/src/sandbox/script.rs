@@ -1,43 +1,34 @@
-//! Script plugins: a script becomes a component of the `plugin` world by running it once in
-//! the interpreter the host carries and snapshotting the instance.
+//! Script plugins: the interpreter the host carries, compiled once for every script, runs a
+//! script in an instance that keeps it parsed and frozen from one call to the next.
 //!
 //! The interpreter (`interpreters/starlark`, built by `build.rs` and embedded here) implements
-//! the `script` world: the `plugin` world plus `init(file, source)`. A load instruments it
-//! (`wasmtime-wizer`), compiles that once for all scripts (the artifact cache keeps it), and
-//! calls `init` with the script under the plugin's own limits: a top level that loops runs
-//! into the deadline, one that allocates into the memory cap, and a syntax error comes back
-//! as the interpreter's message naming `file:line:column`. The instance is then snapshotted
-//! into a new component, with the script parsed and frozen in its memory; that component loads
-//! like any compiled plugin, under the script's digest. The cache keeps it compiled under the
-//! interpreter's and the script's digests together, so a load that finds it there runs
-//! nothing of the script, and shares it with other replicas under that name (compiled, a
-//! snapshot is about 16 MB, 5 MB gzipped: the store splits it over several ConfigMaps). The
-//! snapshot compiles fast because its functions are the interpreter's, compiled before
-//! (`functions.rs`). With a child compiler (`wasmop run`), the child does all of this and
-//! hands back the compiled snapshot (`compile.rs`), so the interpreter, the script's top level
-//! and the snapshot's bytes stay out of the host's memory.
+//! the `script` world: the `plugin` world plus `init(file, source)`. A load compiles the
+//! interpreter, or takes it from the artifact cache or from another replica as it would a
+//! module (keyed by the interpreter's digest, so every script shares one compiled copy, its
+//! code mapped once), then makes an instance and calls `init` with the script under the
+//! plugin's own limits: a top level that loops runs into the deadline, one that allocates
+//! into the memory cap, and a syntax error comes back as the interpreter's message naming
+//! `file:line:column`. That instance answers the manifest and then serves the plugin's calls
+//! (`invoke.rs`, [`Warm`]): parsing costs milliseconds, a call of the Memcached script
+//! hundreds of microseconds. Instances wait between calls in a bounded pool (`warm.rs`); a
+//! call that finds none, or whose instance failed, makes a new one and runs `init` again.
 //!
-//! [`Sandbox::test_script`] runs a script's test files for `wasmop test` on that same snapshot,
-//! each test function in an instance of its own under the plugin's limits.
+//! [`Sandbox::test_script`] runs a script's test files for `wasmop test` in that same
+//! interpreter, each test function in an instance of its own under the plugin's limits.
 
-use std::borrow::Cow;
 use std::fmt;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
-
-use futures::executor::block_on;
 use wasmtime::Store;
-use wasmtime::component::{Instance, WasmList};
-use wasmtime_wizer::{ComponentInstanceState, Wizer};
+use wasmtime::component::Instance;
 
 use super::cache::Got;
-use super::compile::{self, Input};
 use super::error::{Call, PluginError, PluginErrorKind, UNKNOWN_PLUGIN};
 use super::invoke::{CallState, error_chain};
 use super::limits::Limits;
-use super::{Sandbox, Vouched, digest_of};
+use super::{Sandbox, Vouched};
 use crate::text::hex;
 
 /// The Starlark interpreter component.
@@ -48,6 +39,27 @@ const INIT: &str = "init";
 /// The exports that run a test file (see the `script` world).
 const TEST_NAMES: &str = "test-names";
 const RUN_TEST: &str = "run-test";
+
+/// A script as its instances are made from it: the key that holds it and its text.
+#[derive(Debug)]
+pub(crate) struct ScriptText {
+    pub(crate) file: String,
+    pub(crate) source: String,
+}
+
+impl ScriptText {
+    /// `init(file, source)` in a new instance of the interpreter; `Err` inside is the
+    /// script's own error.
+    pub(crate) fn init(
+        &self,
+        instance: &Instance,
+        store: &mut Store<CallState>,
+    ) -> wasmtime::Result<Result<(), String>> {
+        let init =
+            instance.get_typed_func::<(&str, &str), (Result<(), String>,)>(&mut *store, INIT)?;
+        Ok(init.call(&mut *store, (&self.file, &self.source))?.0)
+    }
+}
 
 /// A test file of a script: its name (for messages) and its text.
 #[derive(Debug, Clone)]
@@ -123,27 +135,19 @@ impl Language {
         (name == "starlark").then_some(Self::Starlark)
     }
 
-    fn interpreter(self) -> &'static [u8] {
+    /// The interpreter's component.
+    pub(crate) fn interpreter(self) -> &'static [u8] {
         match self {
             Self::Starlark => STARLARK,
         }
     }
 
-    /// The interpreter's digest, hex: a snapshot is of one script in one interpreter build.
-    fn interpreter_digest(self) -> &'static str {
+    /// The interpreter's digest, hex: what its compiled form is cached and shared under.
+    pub(crate) fn interpreter_digest(self) -> &'static str {
         static STARLARK_DIGEST: OnceLock<String> = OnceLock::new();
         match self {
             Self::Starlark => STARLARK_DIGEST.get_or_init(|| hex(&Sha256::digest(STARLARK))),
         }
-    }
-
-    /// Where the cache keeps the compiled snapshot of the script `digest`: the interpreter
-    /// and the script together, so that another interpreter build snapshots again.
-    pub(crate) fn cache_key(self, digest: &str) -> String {
-        let mut hasher = Sha256::new();
-        hasher.update(self.interpreter_digest());
-        hasher.update(digest);
-        hex(&hasher.finalize())
     }
 }
 
@@ -156,125 +160,38 @@ impl fmt::Display for Language {
 }
 
 impl Sandbox {
-    /// The compiled snapshot of the script `source` (its `digest`), from the cache when it
-    /// has one (keyed by [`Language::cache_key`]) or from `shared` (another replica's), else
-    /// made and compiled.
-    pub(crate) fn compiled_script(
+    /// The interpreter of `language`, compiled: from the caches, from `shared` (another
+    /// replica's), else compiled now, as a module would be.
+    pub(crate) fn interpreter(
         &self,
         language: Language,
-        file: &str,
-        source: &str,
         digest: &str,
-        limits: &Limits,
         shared: Option<Vouched>,
     ) -> Result<Got, PluginError> {
-        let got = self.inner.cache.get_or_compile_with(
-            &self.inner.engine,
-            &language.cache_key(digest),
-            shared,
-            || {
-                if self.inner.cache.compiles_in_child() {
-                    return Ok(Input::Script(compile::Script {
-                        language,
-                        file,
-                        source,
-                        limits: *limits,
-                    }));
-                }
-                self.snapshot(language, file, source, limits)
-                    .map(|wasm| Input::Module(Cow::Owned(wasm)))
-                    .map_err(wasmtime::Error::new)
-            },
-        );
-        got.map_err(|e| {
-            let kind = match e.downcast_ref::<PluginError>() {
-                Some(refused) => refused.kind.clone(),
-                None => PluginErrorKind::NotAComponent(error_chain(&e)),
-            };
-            PluginError::new(UNKNOWN_PLUGIN, digest, kind)
-        })
-    }
-
-    /// The component that runs `source`, a script in `language` named `file`: the
-    /// interpreter after `init(file, source)`, snapshotted. Runs on the calling thread.
-    pub fn snapshot(
-        &self,
-        language: Language,
-        file: &str,
-        source: &str,
-        limits: &Limits,
-    ) -> Result<Vec<u8>, PluginError> {
-        let digest = digest_of(source.as_bytes());
-        let fail = |kind| PluginError::new(UNKNOWN_PLUGIN, &digest, kind);
-        let internal = |what: &str, e: &wasmtime::Error| {
-            fail(PluginErrorKind::Internal(format!(
-                "{what} the {language} interpreter: {}",
-                error_chain(e)
-            )))
-        };
-        let mut wizer = Wizer::new();
-        // Dropping `init` leaves the component lifting a core export that is gone (wizer
-        // 48.0.8 rewrites the core module's exports, not the component's aliases of them); kept,
-        // it answers a second call with an error, and the host never makes one.
-        wizer.init_func(INIT).keep_init_func(true);
-        let (cx, instrumented) = wizer
-            .instrument_component(language.interpreter())
-            .map_err(|e| internal("instrumenting", &e))?;
-        let own = digest_of(&instrumented);
-        // The component alone: a compile's serialised bytes need not live through the run.
-        let interpreter = self
-            .inner
+        self.inner
             .cache
             .get_or_compile(
                 &self.inner.engine,
-                &own["sha256:".len()..],
-                &instrumented,
-                None,
+                language.interpreter_digest(),
+                language.interpreter(),
+                shared,
             )
-            .map_err(|e| internal("compiling", &e))?
-            .component;
-        let pre = self
-            .inner
-            .linker
-            .instantiate_pre(&interpreter)
-            .map_err(|e| internal("linking", &e))?;
-        let ran = self
-            .run_unnamed(&pre, limits, Call::Init, false, |instance, store| {
-                let init = instance
-                    .get_typed_func::<(&str, &str), (Result<(), String>,)>(&mut *store, INIT)?;
-                if let (Err(message),) = init.call(&mut *store, (file, source))? {
-                    return Ok(Err(message));
-                }
-                let mut state = Access {
-                    store,
-                    instance: *instance,
-                    failed: None,
-                };
-                let snapshot = block_on(wizer.snapshot_component(&cx, &mut state))?;
-                match state.failed {
-                    Some(e) => Err(e),
-                    None => Ok(Ok(snapshot)),
-                }
+            .map_err(|e| {
+                PluginError::new(
+                    UNKNOWN_PLUGIN,
+                    digest,
+                    PluginErrorKind::Internal(format!(
+                        "compiling the {language} interpreter: {}",
+                        error_chain(&e)
+                    )),
+                )
             })
-            .map_err(fail)?;
-        // Needed again only for the next version: its code need not stay mapped till then.
-        drop(pre);
-        drop(interpreter);
-        if self.inner.cache.has_disk() {
-            self.inner.cache.forget(&own["sha256:".len()..]);
-        }
-        ran.map_err(|message| {
-            fail(PluginErrorKind::PluginFailed {
-                call: Call::Init,
-                message,
-            })
-        })
     }
 }
 
 impl Sandbox {
     /// Runs the `test_*` functions of each test file against the script `file` (`source`):
-    /// on its snapshot, as a cluster would run it, each function in an instance of its own
+    /// in the interpreter a cluster runs it in, each function in an instance of its own
     /// under `limits`, so one test that loops or allocates without bound fails alone.
     /// `fixtures`, a JSON object, is `FIXTURES` in every test file. Fails only when the script
     /// itself does not load.
@@ -288,8 +205,8 @@ impl Sandbox {
         limits: &Limits,
     ) -> Result<Vec<TestOutcome>, PluginError> {
         let limits = limits.clamped();
-        let digest = digest_of(source.as_bytes());
-        let got = self.compiled_script(language, file, source, &digest, &limits, None)?;
+        let digest = super::digest_of(source.as_bytes());
+        let got = self.interpreter(language, &digest, None)?;
         let pre = self
             .inner
             .linker
@@ -301,14 +218,32 @@ impl Sandbox {
                     PluginErrorKind::WrongInterface(error_chain(&e)),
                 )
             })?;
+        let script = ScriptText {
+            file: file.to_owned(),
+            source: source.to_owned(),
+        };
+        // The script itself first: a test cannot run beside a script that does not load.
+        self.run_unnamed(&pre, &limits, Call::Init, false, |instance, store| {
+            script.init(instance, store)
+        })
+        .map_err(|kind| PluginError::new(UNKNOWN_PLUGIN, &digest, kind))?
+        .map_err(|message| {
+            PluginError::new(
+                UNKNOWN_PLUGIN,
+                &digest,
+                PluginErrorKind::PluginFailed {
+                    call: Call::Init,
+                    message,
+                },
+            )
+        })?;
         let fixtures = fixtures.to_string();
         let call = |test: &TestFile, name: Option<&str>| {
-            self.run_unnamed(
-                &pre,
-                &limits,
-                Call::Test,
-                false,
-                |instance, store| match name {
+            self.run_unnamed(&pre, &limits, Call::Test, false, |instance, store| {
+                if let Err(message) = script.init(instance, store)? {
+                    return Ok(Err(message));
+                }
+                match name {
                     None => {
                         let f = instance
                             .get_typed_func::<(&str, &str, &str), (Result<Vec<String>, String>,)>(
@@ -330,8 +265,8 @@ impl Sandbox {
                                 .map(|()| Vec::new()),
                         )
                     }
-                },
-            )
+                }
+            })
         };
         let mut outcomes = Vec::new();
         for test in tests {
@@ -358,86 +293,5 @@ impl Sandbox {
             }
         }
         Ok(outcomes)
-    }
-}
-
-/// What the snapshot reads out of the instance `init` ran in, through the accessors the
-/// instrumentation exported. Every call is synchronous; the futures are ready at once.
-struct Access<'a> {
-    store: &'a mut Store<CallState>,
-    instance: Instance,
-    // The first accessor that failed (the trait cannot say so): the snapshot is then refused.
-    failed: Option<wasmtime::Error>,
-}
-
-impl Access<'_> {
-    fn call<R: wasmtime::component::Lift + 'static>(
-        &mut self,
-        instance: &str,
-        func: &str,
-    ) -> wasmtime::Result<R> {
-        let (_, outer) = self
-            .instance
-            .get_export(&mut *self.store, None, instance)
-            .ok_or_else(|| wasmtime::format_err!("no export {instance}"))?;
-        let (_, index) = self
-            .instance
-            .get_export(&mut *self.store, Some(&outer), func)
-            .ok_or_else(|| wasmtime::format_err!("no export {instance}#{func}"))?;
-        let typed = self
-            .instance
-            .get_typed_func::<(), (R,)>(&mut *self.store, index)?;
-        Ok(typed.call(&mut *self.store, ())?.0)
-    }
-
-    fn expect<R: wasmtime::component::Lift + Default + 'static>(
-        &mut self,
-        instance: &str,
-        func: &str,
-    ) -> R {
-        if self.failed.is_some() {
-            return R::default();
-        }
-        self.call(instance, func).unwrap_or_else(|e| {
-            self.failed = Some(e.context(format!("reading {instance}#{func} for the snapshot")));
-            R::default()
-        })
-    }
-}
-
-impl ComponentInstanceState for Access<'_> {
-    async fn call_func_ret_list_u8(
-        &mut self,
-        instance: &str,
-        func: &str,
-        contents: impl FnOnce(&[u8]) + Send,
-    ) {
-        if self.failed.is_some() {
-            return contents(&[]);
-        }
-        match self.call::<WasmList<u8>>(instance, func) {
-            Ok(list) => contents(list.as_le_slice(&*self.store)),
-            Err(e) => {
-                self.failed =
-                    Some(e.context(format!("reading {instance}#{func} for the snapshot")));
-                contents(&[]);
-            }
-        }
-    }
-
-    async fn call_func_ret_s32(&mut self, instance: &str, func: &str) -> i32 {
-        self.expect(instance, func)
-    }
-
-    async fn call_func_ret_s64(&mut self, instance: &str, func: &str) -> i64 {
-        self.expect(instance, func)
-    }
-
-    async fn call_func_ret_f32(&mut self, instance: &str, func: &str) -> u32 {
-        self.expect::<f32>(instance, func).to_bits()
-    }
-
-    async fn call_func_ret_f64(&mut self, instance: &str, func: &str) -> u64 {
-        self.expect::<f64>(instance, func).to_bits()
     }
 }

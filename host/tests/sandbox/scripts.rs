@@ -306,15 +306,62 @@ fn a_failing_or_endless_reconcile_fails_that_call_only() {
 }
 
 #[test]
-fn a_snapshot_is_the_same_for_the_same_script() {
-    // Replicas that snapshot one script must agree on what runs.
-    let a = sandbox()
-        .snapshot(Language::Starlark, "plugin.star", MEMCACHED_STAR, &LIMITS)
-        .expect("snapshot");
-    let b = sandbox()
-        .snapshot(Language::Starlark, "plugin.star", MEMCACHED_STAR, &LIMITS)
-        .expect("snapshot");
-    assert!(a == b, "two snapshots of one script differ");
+fn an_instance_serves_call_after_call_and_keeps_nothing_between_them() {
+    // One instance serves every call that ends well; globals are frozen, so nothing a call
+    // does reaches the next, and a call that traps leaves a new instance for the next.
+    let plugin = script(
+        &("SEEN = []\nCOUNT = {\"n\": 0}\n".to_owned()
+            + &with_reconcile(
+                "    mode = req[\"settings\"]\n\
+                 \x20   if mode == \"append\":\n\
+                 \x20       SEEN.append(1)\n\
+                 \x20   if mode == \"count\":\n\
+                 \x20       COUNT[\"n\"] += 1\n\
+                 \x20   if mode == \"loop\":\n\
+                 \x20       for i in range(1 << 30):\n\
+                 \x20           pass\n\
+                 \x20   if mode == \"grow\":\n\
+                 \x20       kept = [\"x\" * (1 << 20) + str(i) for i in range(1 << 20)]\n\
+                 \x20   local = []\n\
+                 \x20   local.append(len(SEEN))\n\
+                 \x20   return {\"status\": {\"seen\": len(SEEN), \"count\": COUNT[\"n\"], \"local\": local}}",
+            )),
+    )
+    .expect("loads");
+    let call = |mode: &str| {
+        let mut req = probe_request();
+        req.settings = json!(mode);
+        plugin.reconcile_blocking(&req)
+    };
+    let fresh = json!({"seen": 0, "count": 0, "local": [0]});
+    assert_eq!(call("read").unwrap().status, Some(fresh.clone()));
+    for mutation in ["append", "count"] {
+        match call(mutation).expect_err("a frozen global").kind {
+            PluginErrorKind::PluginFailed { message, .. } => {
+                assert!(message.contains("plugin.star:"), "{message}")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            call("read").unwrap().status,
+            Some(fresh.clone()),
+            "after {mutation}"
+        );
+    }
+    let kind = call("loop").expect_err("times out").kind;
+    assert!(
+        matches!(kind, PluginErrorKind::DeadlineExceeded { .. }),
+        "{kind:?}"
+    );
+    assert_eq!(call("read").unwrap().status, Some(fresh.clone()));
+    let kind = call("grow").expect_err("hits the cap").kind;
+    assert!(
+        matches!(kind, PluginErrorKind::MemoryCap { .. }),
+        "{kind:?}"
+    );
+    for _ in 0..50 {
+        assert_eq!(call("read").unwrap().status, Some(fresh.clone()));
+    }
 }
 
 /// Runs `tests` (file name, text) against `source` as `wasmop test` does.
@@ -431,20 +478,15 @@ fn tests_of_a_script_that_does_not_load_do_not_run() {
     assert!(err.to_string().contains("plugin.star:"), "{err}");
 }
 
-/// A script loaded again finds its compiled snapshot in the cache and runs nothing of itself:
-/// a top level that now runs past a shorter deadline still loads. Another script runs its own.
+/// The interpreter is compiled once, but every load runs the script's top level again, under
+/// the limits given then.
 #[test]
-fn a_cached_snapshot_does_not_run_the_script_again() {
-    let slow_top = |n: u32| {
-        format!(
-            "MANIFEST = {{\"name\": \"slow\", \"version\": \"0.1.0\", \
-             \"parent\": {{\"apiVersion\": \"test.wasmop.io/v1\", \"kind\": \"Probe\"}}}}\n\
-             def spin():\n    for i in range({n}):\n        pass\n\
-             spin()\n\
-             def reconcile(req):\n    return {{\"children\": []}}\n"
-        )
-    };
-    let source = slow_top(10_000_000);
+fn every_load_runs_the_top_level_under_its_own_limits() {
+    let source = "MANIFEST = {\"name\": \"slow\", \"version\": \"0.1.0\", \
+         \"parent\": {\"apiVersion\": \"test.wasmop.io/v1\", \"kind\": \"Probe\"}}\n\
+         def spin():\n    for i in range(10000000):\n        pass\n\
+         spin()\n\
+         def reconcile(req):\n    return {\"children\": []}\n";
     let generous = Limits {
         deadline: Duration::from_secs(30),
         ..LIMITS
@@ -453,31 +495,29 @@ fn a_cached_snapshot_does_not_run_the_script_again() {
         deadline: Duration::from_millis(20),
         ..LIMITS
     };
-    script_with(&source, generous).expect("loads with time to run its top level");
-    let again = script_with(&source, tight).expect("loads from the cache");
+    let loaded = script_with(source, generous).expect("loads with time to run its top level");
     assert_eq!(
-        again.digest(),
+        loaded.digest(),
         wasmop::sandbox::digest_of(source.as_bytes())
     );
-    again
+    loaded
         .reconcile_blocking(&probe_request())
-        .expect("the cached snapshot serves");
-    let other =
-        script_with(&slow_top(10_000_001), tight).expect_err("another script runs its top level");
+        .expect("the instance that ran the top level serves");
+    let again = script_with(source, tight).expect_err("the top level runs again, too slow");
     assert!(
         matches!(
-            other.kind,
+            again.kind,
             PluginErrorKind::DeadlineExceeded {
                 call: Call::Init,
                 ..
             }
         ),
-        "{other}"
+        "{again}"
     );
 }
 
 #[test]
-fn a_child_compiler_runs_the_script_there_and_its_faults_come_back_as_in_process() {
+fn with_a_child_compiler_a_script_loads_and_fails_as_in_process() {
     let dir = std::env::temp_dir().join(format!("wasmop-script-child-{}", std::process::id()));
     let child = Sandbox::new(SandboxConfig {
         max_instances: 2,
@@ -490,7 +530,7 @@ fn a_child_compiler_runs_the_script_there_and_its_faults_come_back_as_in_process
         child.load_script_blocking(Language::Starlark, "plugin.star", source.as_bytes(), limits)
     };
     let load = |source: &str| load_with(source, LIMITS);
-    let plugin = load(MEMCACHED_STAR).expect("the child snapshots and compiles the script");
+    let plugin = load(MEMCACHED_STAR).expect("the child compiles the interpreter");
     let here = script(MEMCACHED_STAR).unwrap();
     for request in corpus().iter().take(20) {
         assert_eq!(
