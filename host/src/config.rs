@@ -77,7 +77,7 @@ pub const BACKOFF_MAX: Duration = Duration::from_secs(300);
 pub const SANDBOX_MEMORY_MIB: u64 = 160;
 
 /// What the on-disk compile cache may hold, in MiB: 64 of the 160 Mi `emptyDir` of `deploy/`
-/// (a compiled plugin takes one or two, a script's snapshot 16), and compiled functions half
+/// (a compiled plugin takes one or two, the Starlark interpreter 16), and compiled functions half
 /// as much again.
 pub const COMPILE_CACHE_MIB: u64 = 64;
 /// What the on-disk cache of modules pulled from registries may hold, in MiB

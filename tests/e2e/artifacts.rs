@@ -1,7 +1,7 @@
 //! Compiled plugins shared between replicas through the cluster: a second host with an empty
 //! disk cache takes the first one's artifact instead of compiling, and an artifact planted by
-//! someone who can write ConfigMaps but not read the key is never loaded. A script's compiled
-//! snapshot, too large for one ConfigMap, is shared in parts.
+//! someone who can write ConfigMaps but not read the key is never loaded. The compiled Starlark
+//! interpreter, too large for one ConfigMap, is shared in parts.
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{DeleteParams, ListParams, PostParams};
@@ -114,7 +114,7 @@ async fn a_new_replica_loads_what_another_compiled_and_never_a_planted_artifact(
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_script_snapshot_is_shared_in_parts_and_a_new_replica_runs_no_script_to_load_it() {
+async fn a_scripts_interpreter_is_shared_in_parts_and_a_new_replica_compiles_nothing() {
     let env = Env::new("e2e-artifacts-star").await;
     let script = test_artifacts::workspace_root().join(crate::scripts::SCRIPT);
     let script = script.to_str().unwrap();
@@ -146,8 +146,8 @@ async fn a_script_snapshot_is_shared_in_parts_and_a_new_replica_runs_no_script_t
     }
     first.kill();
 
-    // A new pod loads the snapshot as it was shared: no interpreter instrumented, no script
-    // run, nothing compiled.
+    // A new pod loads the interpreter as it was shared: nothing compiled; only the script's
+    // top level runs, in milliseconds.
     let second = fresh_pod(&env, "second");
     wait_log(&second, "\"shared by another replica\"").await;
     env.memcached_ready("cache", 2).await;
@@ -156,7 +156,7 @@ async fn a_script_snapshot_is_shared_in_parts_and_a_new_replica_runs_no_script_t
         .lines()
         .find(|l| l.contains("plugin module ready"))
         .unwrap_or_else(|| panic!("{logs}"));
-    println!("a replica took the shared snapshot: {ready}");
+    println!("a replica took the shared interpreter: {ready}");
     assert!(!logs.contains("\"compiled\""), "{logs}");
 
     // A part gone: the next new pod compiles for itself, and serves.

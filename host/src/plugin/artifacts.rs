@@ -11,7 +11,7 @@
 //!   the MAC the sandbox checks before loading it (`sandbox::shared`). It is owned by the
 //!   plugin revisions (ControllerRevisions) of that module, so it is garbage-collected with
 //!   the last of them; a module with no revision (a version that never loaded) is not shared.
-//! - **A large artifact** (a script's snapshot: 5 MB gzipped) is cut into parts of at most
+//! - **A large artifact** (the Starlark interpreter: 5 MB gzipped) is cut into parts of at most
 //!   [`MAX_STORED`] bytes: the first ConfigMap says how many in [`PARTS_ANNOTATION`], and the
 //!   others are named `<first>-1`, `<first>-2`, …, owned and labelled alike. The parts are
 //!   created before the first, so whoever finds the first finds them all; the MAC covers the
@@ -52,7 +52,7 @@ pub const PARTS_ANNOTATION: &str = "wasmop.io/artifact-parts";
 const DATA_KEY: &str = "component.cwasm.gz";
 /// A ConfigMap holds at most 1 MiB; leave room for the rest of it.
 const MAX_STORED: usize = 1000 << 10;
-/// Parts read at most: a 24 MB gzipped artifact, past a script snapshot's 5.
+/// Parts read at most: a 24 MB gzipped artifact, past the Starlark interpreter's 5.
 const MAX_PARTS: usize = 24;
 /// A stored artifact is refused past this size once inflated (a gzip bomb guard).
 const MAX_INFLATED: u64 = 256 << 20;
@@ -250,7 +250,7 @@ impl ArtifactStore for ClusterArtifacts {
                     }
                 }
             };
-            // Gzipped on a blocking thread: a snapshot streams 16 MB from its file.
+            // Gzipped on a blocking thread: the interpreter streams 16 MB from its file.
             let packed = tokio::task::spawn_blocking(move || pack(&name, &sealed, owners)).await;
             let packed = match packed {
                 Ok(Ok(packed)) => packed,

@@ -95,7 +95,7 @@ impl PluginError {
     }
 }
 
-/// What went wrong in a plugin. It crosses from a child that snapshots a script as JSON.
+/// What went wrong in a plugin.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum PluginErrorKind {
     /// The guest trapped: a panic, `unreachable`, a stack overflow, an out-of-bounds access.

@@ -2,9 +2,9 @@
 //! compiled before compiles in a fraction of the time (Cranelift's incremental cache, keyed by
 //! a hash of each function's code and the target).
 //!
-//! A script's snapshot is the interpreter's code with new data: the interpreter compiled once
-//! leaves every function of every later snapshot here, and a snapshot then costs only what
-//! compiling does besides the functions (Starlark's: 12,800 functions, 29 MB).
+//! Versions of one plugin share most of their functions (its SDK, serde, the standard
+//! library), and a rebuilt Starlark interpreter most of its 12,800 (29 MB): a function
+//! compiled once is not compiled again.
 //!
 //! The entries live in one file, `<dir>/functions.pack`, read whole when a compile first asks
 //! and written whole, through a temporary name and a rename, when it ends with new entries

@@ -254,7 +254,7 @@ impl Sandbox {
             let Some(key) = store.key().await else {
                 return;
             };
-            // A snapshot's 16 MB are hashed from their file: off the runtime's threads.
+            // The interpreter's 16 MB are hashed from their file: off the runtime's threads.
             let sealed = tokio::task::spawn_blocking(move || {
                 key.seal(&name, artifact).map(|sealed| (name, sealed))
             })

@@ -27,8 +27,7 @@ pub struct ArtifactName {
     /// A stable hash of the engine's compatibility (wasmtime version, target, CPU flags,
     /// tunables), hex.
     pub engine: String,
-    /// The module's SHA-256, hex; for a script, its snapshot's cache key (the interpreter's
-    /// and the script's digests together).
+    /// The module's SHA-256, hex; for a script, its interpreter's.
     pub digest: String,
     /// The SHA-256, hex, that the plugin's revisions record: the module's, or the script's.
     /// Not under the MAC: it says only who owns the stored artifact.
@@ -36,7 +35,7 @@ pub struct ArtifactName {
 }
 
 /// A compiled artifact's bytes: in memory, or in the file of the disk cache that holds them
-/// (a script's snapshot compiles to 16 MB, which need not be read into memory to be shared).
+/// (the Starlark interpreter compiles to 16 MB, which need not be read into memory to be shared).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Artifact {
     /// The bytes.
@@ -214,7 +213,7 @@ mod tests {
             key.open(&moved, key.seal(&name("aa"), vec![1]).unwrap())
                 .is_none()
         );
-        // Sealed from the file it lies in, as a script's snapshot is: the same MAC.
+        // Sealed from the file it lies in, as the interpreter is: the same MAC.
         let file = std::env::temp_dir().join(format!("wasmop-seal-{}", std::process::id()));
         std::fs::write(&file, b"native code").unwrap();
         let from_file = key.seal(&name("aa"), Artifact::File(file.clone())).unwrap();

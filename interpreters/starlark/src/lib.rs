@@ -2,9 +2,9 @@
 //! `guest-sdk/wit/plugin.wit` for any script.
 //!
 //! `init(file, source)` parses the script, runs its top level and freezes what it defined.
-//! The host calls it once per script version and snapshots the instance, so every later call
-//! starts with the script parsed and frozen; a call then evaluates one function on a fresh
-//! heap that the call's instance takes with it.
+//! The host calls it once in each instance it makes, and the instance then serves call after
+//! call: each evaluates one function on a heap of its own, freed when the call returns, and
+//! the frozen globals cannot be changed, so no call sees what another did.
 //!
 //! A script defines what a compiled plugin exports, with the same shapes
 //! (`docs/plugin-contract.md`):
@@ -221,7 +221,7 @@ impl Reconciler for Interpreter {
 export!(Interpreter with_types_in bindings);
 
 fn script() -> &'static Script {
-    // The host snapshots only after a successful init, so a snapshot always has a script.
+    // The host calls anything else only in an instance whose init succeeded.
     SCRIPT
         .get()
         .expect("the host calls init before anything else")
