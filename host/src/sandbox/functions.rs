@@ -2,9 +2,9 @@
 //! compiled before compiles in a fraction of the time (Cranelift's incremental cache, keyed by
 //! a hash of each function's code and the target).
 //!
-//! Versions of one plugin share most of their functions (its SDK, serde, the standard
-//! library), and a rebuilt Starlark interpreter most of its 12,800 (29 MB): a function
-//! compiled once is not compiled again.
+//! Modules built with the same SDK share many functions (serde, the standard library), and
+//! versions of one plugin more: a function compiled once, in any module, is not compiled
+//! again.
 //!
 //! The entries live in one file, `<dir>/functions.pack`, read whole when a compile first asks
 //! and written whole, through a temporary name and a rename, when it ends with new entries

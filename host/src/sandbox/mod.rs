@@ -13,12 +13,16 @@
 //!    the first reconcile;
 //! 5. validate the manifest (`wasmop_contract::Manifest::validate`).
 //!
-//! Every call then runs in a fresh store and instance (`invoke.rs`) with the plugin's
-//! [`Limits`]: a deadline, a memory cap and a response-size cap. Before a response is parsed,
-//! one pass over its bytes (`scan.rs`) refuses more values or deeper nesting than the host's
-//! bounds, and the parse's cost is held from the same memory budget as the stores'. A call
-//! that fails, however
-//! badly, leaves the plugin usable for the next one. Failures are typed ([`PluginErrorKind`]),
+//! [`Sandbox::load_script`] loads a script instead: the interpreter it names, compiled once for
+//! every script, runs the script's top level in an instance that then serves the plugin's calls
+//! (`script.rs`, `warm.rs`).
+//!
+//! Every call then runs in a fresh store and instance (`invoke.rs`; a script's, in its kept
+//! instance) with the plugin's [`Limits`]: a deadline, a memory cap and a response-size cap.
+//! Before a response is parsed, one pass over its bytes (`scan.rs`) refuses more values or
+//! deeper nesting than the host's bounds, and the parse's cost is held from the same memory
+//! budget as the stores'. A call that fails, however badly, leaves the plugin usable for the
+//! next one. Failures are typed ([`PluginErrorKind`]),
 //! each with a reason string for Events.
 //!
 //! ```no_run
