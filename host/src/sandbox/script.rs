@@ -123,18 +123,6 @@ impl Language {
         }
     }
 
-    /// The language's name, as a child compiler is told it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Starlark => "starlark",
-        }
-    }
-
-    /// The language [`Language::name`] gives `name`.
-    pub fn named(name: &str) -> Option<Self> {
-        (name == "starlark").then_some(Self::Starlark)
-    }
-
     /// The interpreter's component.
     pub(crate) fn interpreter(self) -> &'static [u8] {
         match self {
