@@ -144,9 +144,10 @@ pub struct Order<'a> {
     pub out: Option<&'a Path>,
 }
 
-/// The child's side: reads a module on stdin, compiles it for an engine set up like the host's (through the function cache in `functions`, bounded to the bytes
-/// given, when set), and writes the artifact to `out`, else to stdout. On success stderr has
-/// one line saying what the function cache gave.
+/// The child's side: reads a module on stdin, compiles it for an engine set up like the
+/// host's (through the function cache in `functions`, bounded to the bytes given, when set),
+/// and writes the artifact to `out`, else to stdout. On success stderr has one line saying
+/// what the function cache gave.
 pub fn serve(order: &Order<'_>) -> Result<(), String> {
     let mut input = Vec::new();
     std::io::stdin()
