@@ -60,7 +60,6 @@ pub(crate) fn in_child(
         "--max-instances",
         &c.max_instances.to_string(),
     ]);
-    let stdin_bytes = wasm;
     if let Some(functions) = &c.functions {
         cmd.arg("--functions")
             .arg(functions.root())
@@ -82,7 +81,7 @@ pub(crate) fn in_child(
     // Each pipe on its own thread, so a full one never stalls the others; scoped, so the
     // module is written from where it lies.
     let (status, artifact, message) = std::thread::scope(|scope| {
-        let writer = scope.spawn(move || stdin.write_all(stdin_bytes));
+        let writer = scope.spawn(move || stdin.write_all(wasm));
         let reader = scope.spawn(move || {
             let mut out = Vec::new();
             stdout.read_to_end(&mut out).map(|_| out)

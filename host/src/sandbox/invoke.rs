@@ -33,6 +33,7 @@ use std::sync::Arc;
 use super::error::human_bytes;
 use super::limits::{Limits, MemoryBudget, MemoryLimiter};
 use super::output::TailSink;
+use super::warm::WarmPool;
 use crate::text::truncate;
 
 /// Bytes of guest stdout/stderr kept for error messages.
@@ -267,10 +268,12 @@ pub(crate) struct Warm {
     output: TailSink,
 }
 
-impl Warm {
-    /// Linear memory the instance holds, as its limiter granted it from the budget.
-    pub(crate) fn memory(&self) -> u64 {
-        self.store.data().limiter.granted()
+impl WarmPool<Warm> {
+    /// Keeps `warm`, an instance of plugin `id`, for its next call, counted at the linear
+    /// memory its limiter granted it.
+    pub(crate) fn keep(&self, id: u64, warm: Warm) {
+        let memory = warm.store.data().limiter.granted();
+        self.put(id, warm, memory);
     }
 }
 

@@ -466,9 +466,14 @@ impl Sandbox {
         probing: bool,
         f: impl FnOnce(&P::Instance, &mut wasmtime::Store<CallState>) -> wasmtime::Result<R>,
     ) -> Result<R, PluginErrorKind> {
-        let _slot = futures::executor::block_on(self.inner.shared.slots.acquire())
-            .map_err(|e| PluginErrorKind::Internal(e.to_string()))?;
+        let _slot = self.slot()?;
         self.invocation(pre, limits, call, probing).run(f)
+    }
+
+    /// A call slot, waited for on this thread.
+    fn slot(&self) -> Result<tokio::sync::SemaphorePermit<'_>, PluginErrorKind> {
+        futures::executor::block_on(self.inner.shared.slots.acquire())
+            .map_err(|e| PluginErrorKind::Internal(e.to_string()))
     }
 
     /// A call of a plugin not named yet.
@@ -519,8 +524,7 @@ impl Sandbox {
                 None,
             ),
             Some(script) => {
-                let _slot = futures::executor::block_on(self.inner.shared.slots.acquire())
-                    .map_err(|e| fail(PluginErrorKind::Internal(e.to_string())))?;
+                let _slot = self.slot().map_err(fail)?;
                 let (manifest, warm) = self
                     .invocation(&pre, &limits, Call::Manifest, true)
                     .run_warm(None, &|instance, store| script.init(instance, store), ask)
@@ -554,8 +558,7 @@ impl Sandbox {
             id: self.inner.shared.warm.id(),
         });
         if let (Some(script), Some(warm)) = (&script, warm) {
-            let memory = warm.memory();
-            self.inner.shared.warm.put(script.id, warm, memory);
+            self.inner.shared.warm.keep(script.id, warm);
         }
         let plugin = Plugin::new(plugin::Parts {
             digest,

@@ -235,8 +235,7 @@ impl Plugin {
                 f,
             )
             .map_err(|kind| self.error(kind))?;
-        let memory = instance.memory();
-        warm.put(script.id, instance, memory);
+        warm.keep(script.id, instance);
         Ok(value)
     }
 

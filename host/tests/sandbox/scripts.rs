@@ -478,6 +478,39 @@ fn tests_of_a_script_that_does_not_load_do_not_run() {
     assert!(err.to_string().contains("plugin.star:"), "{err}");
 }
 
+#[test]
+fn a_kept_instance_holds_its_memory_until_its_plugin_is_dropped() {
+    // A sandbox of its own: the shared one's budget moves with the other tests.
+    let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
+    assert_eq!(sandbox.memory_budget().in_use(), 0);
+    let plugin = sandbox
+        .load_script_blocking(
+            Language::Starlark,
+            "plugin.star",
+            MEMCACHED_STAR.as_bytes(),
+            LIMITS,
+        )
+        .expect("loads");
+    let kept = sandbox.memory_budget().in_use();
+    assert!(
+        kept > 0,
+        "the instance that loaded the script waits for a call"
+    );
+    for request in corpus().iter().take(10) {
+        plugin.reconcile_blocking(request).expect("reconcile");
+        assert!(
+            sandbox.memory_budget().in_use() > 0,
+            "the instance went back to wait for the next call"
+        );
+    }
+    drop(plugin);
+    assert_eq!(
+        sandbox.memory_budget().in_use(),
+        0,
+        "a dropped plugin's instances are dropped with it"
+    );
+}
+
 /// The interpreter is compiled once, but every load runs the script's top level again, under
 /// the limits given then.
 #[test]
